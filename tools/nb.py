@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Edit chapter notebooks as text, safely (a jupytext round trip that keeps stored outputs).
+
+    python tools/nb.py export ch03          book/chapters/ch03_*.ipynb -> .edit/ch03_*.md (MyST markdown)
+    python tools/nb.py import .edit/ch03_models.md
+                                            .edit/….md -> book/chapters/….ipynb; cells whose source did not
+                                            change keep their outputs, changed cells lose theirs (re-execute)
+    python tools/nb.py new .edit/ch03_models.md   same as import, for a notebook that does not exist yet
+
+The .md twin is a working copy (ignored by git): the notebook is the source.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = ROOT / "book" / "chapters"
+EDIT = ROOT / ".edit"
+KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+def export(prefix: str) -> Path:
+    (path,) = CHAPTERS.glob(f"{prefix}*.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    EDIT.mkdir(exist_ok=True)
+    out = EDIT / (path.stem + ".md")
+    jupytext.write(nb, out, fmt="md:myst")
+    print(f"wrote {out.relative_to(ROOT)}")
+    return out
+
+
+def to_notebook(md: Path) -> Path:
+    md = Path(md)
+    new = jupytext.read(md, fmt="md:myst")
+    target = CHAPTERS / (md.stem + ".ipynb")
+    old = nbformat.read(target, as_version=4) if target.exists() else None
+    old_outputs = {}
+    if old is not None:
+        for c in old.cells:
+            if c.cell_type == "code":
+                old_outputs.setdefault(c.source, (c.get("outputs", []), c.get("execution_count"), c.get("id")))
+    cells = []
+    for c in new.cells:
+        if c.cell_type == "code":
+            outputs, count, cid = old_outputs.get(c.source, ([], None, None))
+            cell = nbformat.v4.new_code_cell(c.source, outputs=outputs, execution_count=count)
+            if cid:  # 没改的单元格保留原来的 id，diff 才干净
+                cell.id = cid
+            tags = c.metadata.get("tags")
+            if tags:
+                cell.metadata["tags"] = list(tags)
+        elif c.cell_type == "markdown":
+            cell = nbformat.v4.new_markdown_cell(c.source)
+        else:
+            cell = nbformat.v4.new_raw_cell(c.source)
+        cells.append(cell)
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = KERNEL
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.validate(nb)
+    CHAPTERS.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, target)
+    kept = sum(1 for c in cells if c.cell_type == "code" and c.outputs)
+    print(f"wrote {target.relative_to(ROOT)} ({len(cells)} cells, {kept} with stored outputs)")
+    return target
+
+
+def main() -> int:
+    if len(sys.argv) != 3 or sys.argv[1] not in ("export", "import", "new"):
+        print(__doc__)
+        return 2
+    if sys.argv[1] == "export":
+        export(sys.argv[2])
+    else:
+        to_notebook(Path(sys.argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
