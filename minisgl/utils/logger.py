@@ -1,0 +1,82 @@
+# Tangled from book/chapters/ch01_skeleton.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+
+class MiniLogger(logging.Logger):
+    """标准 Logger，加上只在 rank 0 打印的 *_rank0 方法。"""
+
+    def info_rank0(self, msg: object, *args: object) -> None:
+        if _is_rank0():
+            self.info(msg, *args, stacklevel=2)
+
+    def warning_rank0(self, msg: object, *args: object) -> None:
+        if _is_rank0():
+            self.warning(msg, *args, stacklevel=2)
+
+    def debug_rank0(self, msg: object, *args: object) -> None:
+        if _is_rank0():
+            self.debug(msg, *args, stacklevel=2)
+
+
+def _is_rank0() -> bool:
+    from minisgl.distributed import get_tp_info  # distributed 在 utils 之上：只在用到时导入
+
+    return get_tp_info().is_primary()
+
+
+_COLORS = {"DEBUG": "\033[36m", "INFO": "\033[32m", "WARNING": "\033[33m", "ERROR": "\033[31m"}
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, color: bool) -> None:
+        super().__init__()
+        self.color = color
+
+    def format(self, record: logging.LogRecord) -> str:
+        from minisgl.distributed import try_get_tp_info
+
+        info = try_get_tp_info()
+        where = f" TP{info.rank}" if info is not None and info.size > 1 else ""
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        level = record.levelname
+        if self.color:
+            level = f"{_COLORS.get(level, '')}{level}\033[0m"
+        name = getattr(record, "suffix", None) or record.name
+        return f"[{stamp}{where}] {level} {name}: {record.getMessage()}"
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """每次写日志时才取 sys.stdout：Jupyter 和 pytest 都会替换它。"""
+
+    @property  # type: ignore[override]  # 基类把 stream 当普通属性
+    def stream(self):  # noqa: D401
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def init_logger(name: str, suffix: str = "") -> MiniLogger:
+    """每个模块一个：logger = init_logger(__name__)。suffix 替换显示的名字（比如"initializer"）。"""
+    from minisgl.env import load_env
+
+    old = logging.getLoggerClass()
+    logging.setLoggerClass(MiniLogger)
+    try:
+        logger = logging.getLogger(f"{name}.{suffix}" if suffix else name)
+    finally:
+        logging.setLoggerClass(old)
+    assert isinstance(logger, MiniLogger), f"logger {name!r} was created elsewhere as {type(logger)}"
+    root = logging.getLogger(name.split(".")[0])
+    if not root.handlers:  # 每个顶层包只装一个 handler
+        handler = _StdoutHandler()
+        handler.setFormatter(_Formatter(color=sys.stdout.isatty()))
+        root.addHandler(handler)
+        root.propagate = False
+        root.setLevel(load_env().log_level.upper())
+    return logger

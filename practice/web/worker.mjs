@@ -1,0 +1,78 @@
+// 在 Web Worker 里跑 Pyodide + pytest：死循环时页面可以 terminate() 这个 worker 再重新开一个。
+import { loadPyodide } from "./pyodide/pyodide.mjs";
+
+let py = null;
+let runTests = null;
+
+async function init(wheels) {
+  py = await loadPyodide({ indexURL: new URL("./pyodide/", import.meta.url).href });
+  const purelib = py.runPython("import sysconfig; sysconfig.get_paths()['purelib']");
+  for (const w of wheels) {
+    const resp = await fetch(new URL(`./wheels/${w}`, import.meta.url));
+    if (!resp.ok) throw new Error(`下载 ${w} 失败：HTTP ${resp.status}`);
+    // PyPI 的 wheel 与 pyodide-lock.json 的 sha256 不同，所以不用 loadPackage，直接解压到 site-packages
+    py.unpackArchive(await resp.arrayBuffer(), "wheel", { extractDir: purelib });
+  }
+  py.runPython(`
+import importlib, io, json, os, sys, contextlib, xml.etree.ElementTree as ET
+sys.dont_write_bytecode = True
+os.makedirs("/ex", exist_ok=True)
+
+def run_tests(module, code, tests):
+    import pytest
+    for f in os.listdir("/ex"):
+        os.remove(os.path.join("/ex", f))
+    with open(f"/ex/{module}.py", "w", encoding="utf-8") as f:
+        f.write(code)
+    with open("/ex/test_exercise.py", "w", encoding="utf-8") as f:
+        f.write(tests)
+    with open("/ex/pytest.ini", "w") as f:
+        f.write("[pytest]\\n")
+    for name in (module, "test_exercise"):
+        sys.modules.pop(name, None)
+    importlib.invalidate_caches()
+    os.chdir("/ex")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = pytest.main(["test_exercise.py", "-q", "-p", "no:cacheprovider", "-c", "/ex/pytest.ini",
+                          "--rootdir", "/ex", "--junitxml=/ex/report.xml", "-o", "junit_family=xunit1",
+                          "--color=no"])
+    cases = []
+    if os.path.exists("/ex/report.xml"):
+        for case in ET.parse("/ex/report.xml").getroot().iter("testcase"):
+            name, outcome, reason = case.get("name", "?"), "passed", ""
+            if not case.get("classname") and name == "test_exercise":
+                name = "<收集失败>"
+            for child in case:
+                if child.tag in ("failure", "error", "skipped"):
+                    outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                    lines = [l.strip() for l in (child.text or "").splitlines() if l.strip()]
+                    e_lines = [l[1:].strip() for l in lines if l.startswith("E ") and "Error" in l]
+                    msg = child.get("message") or ""
+                    if e_lines and (not msg or msg == "collection failure"):
+                        msg = e_lines[0]
+                    reason = (msg or (lines[-1] if lines else "")).splitlines()[0][:300] if (msg or lines) else ""
+                    break
+            cases.append({"name": name, "outcome": outcome, "reason": reason})
+    return json.dumps({"rc": int(rc), "output": out.getvalue(), "cases": cases})
+`);
+  runTests = py.globals.get("run_tests");
+}
+
+self.onmessage = async (ev) => {
+  const msg = ev.data;
+  try {
+    if (msg.type === "init") {
+      const t0 = performance.now();
+      await init(msg.wheels);
+      self.postMessage({ type: "ready", seconds: (performance.now() - t0) / 1000, version: py.version });
+    } else if (msg.type === "run") {
+      const t0 = performance.now();
+      const res = JSON.parse(runTests(msg.module, msg.code, msg.tests));
+      res.seconds = (performance.now() - t0) / 1000;
+      self.postMessage({ type: "result", id: msg.id, ...res });
+    }
+  } catch (err) {
+    self.postMessage({ type: "error", id: msg.id, message: String(err && err.message ? err.message : err) });
+  }
+};

@@ -1,0 +1,75 @@
+# Tangled from book/chapters/ch01_skeleton.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    """@pytest.mark.gpu 的测试在没有 CUDA 的机器上跳过。"""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+TINY = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+            initializer_range=0.5, rms_norm_eps=1e-6)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+
+
+def make_tiny_model(kind: str, path: Path, seed: int = 0) -> Path:
+    """一个随机初始化的小模型目录：config.json + model.safetensors（fp32）+ 真实的 Qwen3 分词器。"""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from minisgl.utils.hf import qwen3_tokenizer_dir
+
+    if kind == "qwen3":  # head_dim 32 ≠ hidden/heads：检验显式 head_dim 的路径；共享词嵌入
+        config, cls = Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=True), Qwen3ForCausalLM
+    elif kind == "llama":  # llama3 的 RoPE 缩放；不共享词嵌入
+        config, cls = LlamaConfig(**TINY, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False), LlamaForCausalLM
+    elif kind == "qwen3_moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        config = Qwen3MoeConfig(**TINY, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                norm_topk_prob=True, decoder_sparse_step=1, tie_word_embeddings=False)
+        cls = Qwen3MoeForCausalLM
+    else:
+        raise ValueError(f"unknown tiny model kind {kind!r}")
+    torch.manual_seed(seed)
+    model = cls(config).to(torch.float32).eval()
+    model.generation_config.eos_token_id = None  # 贪心对比时不要提前停
+    model.generation_config.pad_token_id = None
+    model.save_pretrained(path)
+    for f in qwen3_tokenizer_dir().iterdir():
+        shutil.copy(f, path / f.name)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return make_tiny_model("qwen3", tmp_path_factory.mktemp("tiny_qwen3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_model("llama", tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory) -> Path:
+    return make_tiny_model("qwen3_moe", tmp_path_factory.mktemp("tiny_qwen3_moe"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    from minisgl.utils.hf import default_model_path
+
+    return default_model_path()

@@ -1,0 +1,98 @@
+# Tangled from book/chapters/ch01_skeleton.ipynb — edit the notebook, not this file.
+import logging
+
+import pytest
+import torch
+
+from minisgl.distributed import DistributedInfo, get_tp_info
+from minisgl.env import Env
+from minisgl.utils import Registry, align_down, align_up, div_ceil, init_logger, parse_dtype, torch_dtype
+from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir, resolve_model_path
+
+
+def test_env_parses_types_and_rejects_bad_values():
+    env = Env.from_environ({"MINISGL_LOG_LEVEL": "debug", "MINISGL_CACHE_DIR": "/tmp/x"})
+    assert (env.log_level, env.cache_dir) == ("debug", "/tmp/x")
+    assert Env.from_environ({}) == Env()
+    with pytest.raises(ValueError, match="MINISGL_LOG_LEVLE"):
+        Env.from_environ({"MINISGL_LOG_LEVLE": "DEBUG"})
+
+
+def test_env_value_parser():
+    from minisgl.env import _parse
+
+    assert [_parse("X", v, "bool") for v in ("1", "true", "ON", "no", "0")] == [True, True, True, False, False]
+    assert _parse("X", "512M", "int") == 512 << 20 and _parse("X", "7", "int") == 7
+    assert _parse("X", "auto", "bool | None") is None and _parse("X", "yes", "bool | None") is True
+    with pytest.raises(ValueError, match=r"MINISGL_X='maybe' is not a valid bool"):
+        _parse("MINISGL_X", "maybe", "bool")
+    with pytest.raises(ValueError, match="MINISGL_N='12x'"):
+        _parse("MINISGL_N", "12x", "int")
+
+
+def test_registry():
+    reg: Registry[int] = Registry("thing")
+    f = reg.register("b")(lambda: 2)
+    assert f() == 2 and reg.get("b") is f  # 装饰器原样返回
+    reg.register("a")(lambda: 1)
+    assert reg.names() == ["a", "b"] and "a" in reg and "c" not in reg
+    with pytest.raises(ValueError, match=r"thing 'a' is already registered"):
+        reg.register("a")(lambda: 3)
+    with pytest.raises(ValueError, match=r"unknown thing 'c'; choose one of \['a', 'b'\]"):
+        reg.get("c")
+
+
+def test_misc_and_torch_utils():
+    assert [div_ceil(n, 16) for n in (0, 1, 16, 17)] == [0, 1, 1, 2]
+    assert (align_down(17, 8), align_up(17, 8), align_up(16, 8)) == (16, 24, 16)
+    with torch_dtype(torch.bfloat16):
+        assert torch.empty(1).dtype == torch.bfloat16
+    assert torch.empty(1).dtype == torch.float32
+    with pytest.raises(ValueError, match="choose one of"):
+        parse_dtype("fp8")
+
+
+def test_tp_info_and_rank0_logging(monkeypatch, capsys):
+    from minisgl.distributed import info
+
+    assert get_tp_info() == DistributedInfo(0, 1)
+    with pytest.raises(ValueError):
+        DistributedInfo(2, 2)
+    logger = init_logger("minisgl.test_ch01")
+    logger.info_rank0("from rank zero")
+    monkeypatch.setattr(info, "_TP_INFO", DistributedInfo(1, 2))
+    logger.info_rank0("from rank one")
+    logger.info("every rank")
+    out = capsys.readouterr().out
+    assert "from rank zero" in out and "from rank one" not in out and "[" in out and "TP1] INFO" in out
+
+
+def test_qwen3_tokenizer_is_real():
+    tok = load_tokenizer(qwen3_tokenizer_dir())
+    ids = tok.encode("你好，世界")
+    assert tok.decode(ids) == "你好，世界" and len(tok) > 150000
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>user\nhi<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_default_model_folder(smollm2):
+    assert smollm2 == default_model_path() == resolve_model_path(None)
+    cfg = __import__("json").loads((smollm2 / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 30
+    assert (smollm2 / "model.safetensors").stat().st_size > 200 << 20
+
+
+def test_resolve_model_path_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        resolve_model_path(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="not a model folder"):
+        resolve_model_path("no-such-model")
+
+
+def test_tiny_models_load_in_transformers(tiny_qwen3, tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    for path in (tiny_qwen3, tiny_llama):
+        model = AutoModelForCausalLM.from_pretrained(path)
+        logits = model(torch.tensor([[1, 2, 3]])).logits
+        assert logits.shape == (1, 3, 151936) and logits.std() > 1.0  # initializer_range=0.5：logits 不平

@@ -1,0 +1,155 @@
+"""How a chapter notebook looks in the built book (hand-written, not tangled).
+
+MyST-NB reads every `.ipynb` through `read_notebook` (`nb_custom_formats` in `_config.yml`; `local_extensions`
+puts tools/ on sys.path and loads this module as a Sphinx extension). The notebook on disk is never changed:
+
+- a code cell's leading `#|` directive lines (`#| file:`, `#| part:`, `#| early`, `#| excerpt`, `#| remove`)
+  are dropped, and a caption cell "minisgl/layers/norm.py · RMSNorm" (only the file when there is no part;
+  small tags for 提前引入 / 节选 / 删除) is put above the listing;
+- an `examples/...` listing that has outputs is split in two, with a "运行结果" label between the code and
+  its output, as in the seed chapter;
+- a top-level `<details><summary>T</summary> ... </details>` block in a markdown cell becomes a sphinx-design
+  `{dropdown}` titled T, so folded answers look like the theme's other dropdowns (raw <details> also folds,
+  but the markdown inside it would be split across several raw-HTML nodes).
+
+Try it on one notebook: `python tools/bookrender.py book/chapters/ch01_skeleton.ipynb` prints the rewritten
+cells.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import html
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import nbformat
+
+_DIRECTIVE = re.compile(r"^#\|\s*([A-Za-z_-]+)\s*(?::\s*(.*?))?\s*$")
+_DETAILS = re.compile(r"^<details[^>]*>\s*<summary>(.*?)</summary>[ \t]*\n?(.*?)</details>[ \t]*$",
+                      re.DOTALL | re.MULTILINE | re.IGNORECASE)
+_TAGS = {"early": "提前引入", "excerpt": "节选", "remove": "本章删除"}
+_HIDDEN = {"remove-cell", "remove-input"}
+
+
+def gpu_note(has_outputs: bool) -> str:
+    text = "需要 CUDA，CPU 上跳过" + ("；输出来自 GPU 上的运行" if has_outputs else "")
+    return f'<div class="listing-caption gpu-note"><span class="listing-tag gpu">GPU</span> {text}</div>'
+
+
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return src if isinstance(src, str) else "".join(src)
+
+
+def split_directives(source: str) -> Tuple[Dict[str, str], str]:
+    """`#| key: value` lines at the top of a cell -> ({key: value}, the rest of the source)."""
+    lines = source.split("\n")
+    found: Dict[str, str] = {}
+    i = 0
+    while i < len(lines) and lines[i].startswith("#|"):
+        m = _DIRECTIVE.match(lines[i])
+        if m:
+            found[m.group(1)] = (m.group(2) or "").strip()
+        i += 1
+    return found, "\n".join(lines[i:]).strip("\n")
+
+
+def caption_html(d: Dict[str, str], gpu: bool = False) -> str:
+    file = d["file"]
+    part = d.get("part") or ""
+    text = f'<code class="listing-file">{html.escape(file)}</code>'
+    if part and part != file:
+        text += f' · <span class="listing-part">{html.escape(part)}</span>'
+    for key, label in _TAGS.items():
+        if key in d:
+            text += f' <span class="listing-tag">{label}</span>'
+    if gpu:
+        text += ' <span class="listing-tag gpu">GPU</span>'
+    return f'<div class="listing-caption">{text}</div>'
+
+
+def _fence(body: str) -> str:
+    runs = [len(m.group(0)) for m in re.finditer(r"^[ \t]*(:{3,})", body, re.MULTILINE)]
+    return ":" * max([3] + [r + 1 for r in runs])
+
+
+def details_to_dropdowns(text: str) -> str:
+    def repl(m: re.Match) -> str:
+        title = re.sub(r"<[^>]+>", "", m.group(1)).strip() or "展开"
+        body = m.group(2).rstrip().strip("\n")
+        fence = _fence(body)
+        return f"{fence}{{dropdown}} {title}\n:class-container: answer\n\n{body}\n{fence}"
+
+    return _DETAILS.sub(repl, text)
+
+
+def _md(source: str, cid: str):
+    cell = nbformat.v4.new_markdown_cell(source)
+    cell["id"] = cid[:64]
+    return cell
+
+
+def render(nb):
+    """Rewrite the cells of a notebook for display (a new notebook; the argument is not changed)."""
+    nb = copy.deepcopy(nb)
+    cells: List = []
+    for n, cell in enumerate(nb.cells):
+        cid = str(cell.get("id") or f"cell{n}")
+        if cell.cell_type == "markdown":
+            src = _source(cell)
+            if "<details" in src.lower():
+                cell["source"] = details_to_dropdowns(src)
+            cells.append(cell)
+            continue
+        if cell.cell_type != "code":
+            cells.append(cell)
+            continue
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if not _source(cell).startswith("#|"):
+            if "gpu" in tags and not tags & _HIDDEN:  # 只在 GPU 上运行的演示单元格：标出来，输出来自 GPU
+                cells.append(_md(gpu_note(bool(cell.get("outputs"))), cid + "-gpu"))
+            cells.append(cell)
+            continue
+        directives, body = split_directives(_source(cell))
+        cell["source"] = body
+        if "file" not in directives or tags & _HIDDEN:
+            cells.append(cell)
+            continue
+        cells.append(_md(caption_html(directives, gpu="gpu" in tags), cid + "-cap"))
+        outputs = cell.get("outputs") or []
+        if directives["file"].startswith("examples/") and outputs and "remove-output" not in tags:
+            result = copy.deepcopy(cell)
+            result["id"] = (cid + "-out")[:64]
+            result.setdefault("metadata", {})["tags"] = sorted(tags | {"remove-input"})
+            cell["outputs"] = []
+            cells.append(cell)
+            cells.append(_md('<div class="output-label">运行结果</div>', cid + "-lbl"))
+            cells.append(result)
+        else:
+            cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def read_notebook(text: str):
+    """MyST-NB reader (nb_custom_formats): notebook text -> the notebook as the book shows it."""
+    return render(nbformat.reads(text, as_version=4))
+
+
+def setup(app):
+    # 本文件一改，Sphinx 就要重新读所有 notebook（config 值变了 → 环境失效）
+    digest = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:12]
+    app.add_config_value("bookrender_digest", digest, "env")
+    return {"version": digest, "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        shown = render(nbformat.read(path, as_version=4))
+        for c in shown.cells:
+            tags = c.get("metadata", {}).get("tags", [])
+            print(f"--- {c.cell_type} {tags or ''} ({len(c.get('outputs', []))} outputs)")
+            print(_source(c)[:600])
