@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +25,8 @@ def _listing_guard(lines: list[str]) -> list[str]:
 
 
 def setup() -> None:
+    # tqdm.auto 在没有 ipywidgets 的内核里会抱怨一句，与本书无关
+    warnings.filterwarnings("ignore", message="IProgress not found")
     os.chdir(ROOT)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))

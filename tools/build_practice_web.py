@@ -80,7 +80,7 @@ def fetch_wheels(offline: bool) -> list[Path]:
             sys.exit(f"--offline：缓存里没有这些 wheel：{', '.join(missing)}")
         log(f"pip download {' '.join(missing)} …")
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.12", "--implementation", "py", "-d", str(dest), *missing], check=True)
+                        "--python-version", "3.14", "--implementation", "py", "-d", str(dest), *missing], check=True)
     paths = [find(s) for s in WHEELS]
     if any(p is None for p in paths):
         sys.exit(f"pip download 之后还是找不到：{[s for s, p in zip(WHEELS, paths) if p is None]}")
