@@ -8,6 +8,9 @@ puts tools/ on sys.path and loads this module as a Sphinx extension). The notebo
   small tags for 提前引入 / 节选 / 删除) is put above the listing;
 - an `examples/...` listing that has outputs is split in two, with a "运行结果" label between the code and
   its output, as in the seed chapter;
+- a Markdown link into the browser exercises (`[…](../../practice/index.html?ex=…)`: pages Sphinx does
+  not build) becomes a raw HTML link;
+- the code is highlighted with the IPython lexer (`!pip …`, `%run …`);
 - a top-level `<details><summary>T</summary> ... </details>` block in a markdown cell becomes a sphinx-design
   `{dropdown}` titled T, so folded answers look like the theme's other dropdowns (raw <details> also folds,
   but the markdown inside it would be split across several raw-HTML nodes).
@@ -30,6 +33,8 @@ import nbformat
 _DIRECTIVE = re.compile(r"^#\|\s*([A-Za-z_-]+)\s*(?::\s*(.*?))?\s*$")
 _DETAILS = re.compile(r"^<details[^>]*>\s*<summary>(.*?)</summary>[ \t]*\n?(.*?)</details>[ \t]*$",
                       re.DOTALL | re.MULTILINE | re.IGNORECASE)
+# [文字](../../practice/index.html?ex=…)：练习页不是 Sphinx 生成的页面，普通 Markdown 链接会报 xref_missing
+_PRACTICE_LINK = re.compile(r"\[([^\]\n]+)\]\(((?:\.\./)*practice/[^)\s]+)\)")
 _TAGS = {"early": "提前引入", "excerpt": "节选", "remove": "本章删除"}
 _HIDDEN = {"remove-cell", "remove-input"}
 
@@ -86,6 +91,10 @@ def details_to_dropdowns(text: str) -> str:
     return _DETAILS.sub(repl, text)
 
 
+def _raw_link(m: re.Match) -> str:
+    return f'<a href="{html.escape(m.group(2))}">{html.escape(m.group(1))}</a>'
+
+
 def _md(source: str, cid: str):
     cell = nbformat.v4.new_markdown_cell(source)
     cell["id"] = cid[:64]
@@ -95,13 +104,21 @@ def _md(source: str, cid: str):
 def render(nb):
     """Rewrite the cells of a notebook for display (a new notebook; the argument is not changed)."""
     nb = copy.deepcopy(nb)
+    # `!cmd` 和 `%magic` 只有 IPython 词法分析器认识；tools/nb.py 写的 language_info 只有 name
+    info = nb.metadata.setdefault("language_info", {})
+    if info.get("name", "python") == "python":
+        info["name"] = "python"
+        info["pygments_lexer"] = "ipython3"
     cells: List = []
     for n, cell in enumerate(nb.cells):
         cid = str(cell.get("id") or f"cell{n}")
         if cell.cell_type == "markdown":
             src = _source(cell)
             if "<details" in src.lower():
-                cell["source"] = details_to_dropdowns(src)
+                src = details_to_dropdowns(src)
+            if "practice/" in src:
+                src = _PRACTICE_LINK.sub(_raw_link, src)
+            cell["source"] = src
             cells.append(cell)
             continue
         if cell.cell_type != "code":

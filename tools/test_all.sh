@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install, then run every check the project has (CI runs exactly this: .ci/run).
+#   bash tools/test_all.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+step() { echo; echo "=== $* ($(date +%H:%M:%S))"; }
+
+step install
+bash tools/install.sh
+
+step "tangle --check: minisgl/, examples/, tests/ equal what the notebooks tangle to"
+"$PY" tools/steps.py tangle --check
+
+step "unit tests"
+"$PY" -m pytest -q -p no:cacheprovider tests
+
+step "steps.py check: each chapter's example against chapters 1..N alone"
+"$PY" tools/steps.py check
+
+step "practice: reference solutions pass, untouched stubs fail"
+"$PY" practice/judge.py --self-check
+
+step "notebooks: every cell runs (nbval, lax), gpu cells skipped on CPU"
+"$PY" -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+  --nbval-sanitize-with book/nbval_sanitize.cfg book/chapters
+
+step "book: jupyter-book build, warnings as errors"
+"$PY" tools/book.py build
+
+step "all checks passed"
