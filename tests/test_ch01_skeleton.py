@@ -80,6 +80,7 @@ def test_default_model_folder(smollm2):
     cfg = __import__("json").loads((smollm2 / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 30
     assert (smollm2 / "model.safetensors").stat().st_size > 200 << 20
+    assert "quantization_config" not in cfg  # 已经是普通的浮点权重
 
 
 def test_resolve_model_path_errors(tmp_path):

@@ -49,8 +49,11 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     logger.info("converting %s to a safetensors folder at %s (once, ~20 s)", gguf.name, target)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # save_pretrained 拒绝保存从 GGUF 加载的模型：把权重拷进一个同结构的新模型再存
-    model = type(quantized)(quantized.config)
+    # save_pretrained 拒绝保存从 GGUF 加载的模型：把权重拷进一个同结构的新模型再存；
+    # 权重已经反量化成浮点，配置里不能再留着 GGUF 的 quantization_config
+    config = quantized.config
+    config.__dict__.pop("quantization_config", None)
+    model = type(quantized)(config)
     model.load_state_dict(quantized.state_dict())
     model.to(torch.bfloat16).save_pretrained(tmp)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)

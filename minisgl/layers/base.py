@@ -1,0 +1,81 @@
+# Tangled from book/chapters/ch02_layers.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+from typing import Any, Dict, Generic, Iterator, List, Tuple, TypeVar
+
+import torch
+
+StateDict = Dict[str, torch.Tensor]
+
+
+class BaseOP:
+    """推理用的最小"模块"：公开属性里的张量是参数，BaseOP 是子算子；名字用点号连接。"""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def children(self) -> Iterator[Tuple[str, torch.Tensor | BaseOP]]:
+        """直接成员：(属性名, 张量或子算子)。下划线开头的属性和其他类型（int、None……）都不算。"""
+        for name, value in vars(self).items():
+            if not name.startswith("_") and isinstance(value, (torch.Tensor, BaseOP)):
+                yield name, value
+
+    def state_dict(self, prefix: str = "") -> StateDict:
+        return {name: getattr(owner, attr) for name, owner, attr in self._slots(prefix)}
+
+    def load_state_dict(self, state: StateDict, prefix: str = "") -> None:
+        """按名字换上 state 里的张量（转成占位张量的 dtype 和 device）。名字或形状对不上就报错，什么都不改。"""
+        slots = list(self._slots(prefix))
+        expected = {name for name, _, _ in slots}
+        missing = sorted(expected - state.keys())
+        unexpected = sorted(k for k in state if k.startswith(prefix) and k not in expected)
+        if missing or unexpected:
+            raise KeyError(f"state_dict does not match {type(self).__name__}: missing {missing}, "
+                           f"unexpected {unexpected}")
+        for name, owner, attr in slots:
+            old, new = getattr(owner, attr), state[name]
+            if old.shape != new.shape:
+                raise ValueError(f"{name}: the state_dict has shape {tuple(new.shape)}, "
+                                 f"the model expects {tuple(old.shape)}")
+        for name, owner, attr in slots:
+            old = getattr(owner, attr)
+            setattr(owner, attr, state[name].to(device=old.device, dtype=old.dtype))
+
+    def _slots(self, prefix: str) -> Iterator[Tuple[str, BaseOP, str]]:
+        """递归列出每个参数：(全名, 持有它的算子, 属性名)。"""
+        for attr, value in self.children():
+            name = f"{prefix}.{attr}" if prefix else attr
+            if isinstance(value, torch.Tensor):
+                yield name, self, attr
+            else:
+                yield from value._slots(name)
+
+
+class StateLessOP(BaseOP):
+    """没有参数的算子（比如 RoPE）：它的公开张量属性也不算参数。"""
+
+    def children(self) -> Iterator[Tuple[str, torch.Tensor | BaseOP]]:
+        return iter(())
+
+
+T = TypeVar("T", bound=BaseOP)
+
+
+class OPList(BaseOP, Generic[T]):
+    """算子列表；第 i 个的参数名以 "i." 开头，和 nn.ModuleList 一样。"""
+
+    def __init__(self, ops: List[T]) -> None:
+        self.op_list = ops
+
+    def children(self) -> Iterator[Tuple[str, torch.Tensor | BaseOP]]:
+        for i, op in enumerate(self.op_list):
+            yield str(i), op
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.op_list)
+
+    def __len__(self) -> int:
+        return len(self.op_list)
+
+    def __getitem__(self, i: int) -> T:
+        return self.op_list[i]

@@ -1,0 +1,27 @@
+# Tangled from book/chapters/ch03_models.ipynb and ch04_moe.ipynb — edit the notebooks, not this file.
+from __future__ import annotations
+
+from typing import Type
+
+from minisgl.utils import Registry
+
+from .config import ModelConfig
+from .llama import LlamaForCausalLM
+from .qwen3 import Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeForCausalLM
+from .utils import BaseLLMModel, SimpleKVCache, greedy_generate
+from .weight import load_weight
+
+
+MODELS: Registry[Type[BaseLLMModel]] = Registry("model architecture")
+MODELS.register("LlamaForCausalLM")(LlamaForCausalLM)
+MODELS.register("Qwen3ForCausalLM")(Qwen3ForCausalLM)
+MODELS.register("Qwen3MoeForCausalLM")(Qwen3MoeForCausalLM)
+
+
+def create_model(config: ModelConfig) -> BaseLLMModel:
+    """按 config.architecture 构造模型。权重只是占位，放在当前的默认 device、默认 dtype 上；随后 load_weight。"""
+    return MODELS.get(config.architecture)(config)
+
+
+__all__ = ["MODELS", "BaseLLMModel", "ModelConfig", "SimpleKVCache", "create_model", "greedy_generate", "load_weight"]

@@ -1,0 +1,78 @@
+# Tangled from book/chapters/ch04_moe.ipynb and ch05_tensor_parallel.ipynb — edit the notebooks, not this file.
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.distributed import all_reduce, get_tp_info, shard_range
+from minisgl.layers import BaseOP
+
+# T = 本批 token 数，H = hidden_size，E = 专家数，K = 每个 token 选几个专家，I = 每个专家的中间维
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int,
+                   renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """路由：在全部专家上 softmax，取概率最大的 top_k 个；renormalize 时让这 k 个权重之和为 1。
+
+    router_logits: [T, E] → (weights [T, K] float32，按概率从大到小；ids [T, K] int64)
+    """
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E] float32
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K], [T, K]
+    if renormalize:  # Qwen3-MoE 的 norm_topk_prob
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class BaseMoeBackend(ABC):
+    """MoE 的计算后端：给定路由 logits 和一层全部专家的权重，算出这一层的输出（不做 TP 通信）。"""
+
+    @abstractmethod
+    def forward(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                router_logits: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
+        """x: [T, H]；gate_up: [E, 2I, H]；down: [E, H, I]；router_logits: [T, E] → [T, H]，x 的 dtype。"""
+
+
+class GroupedMoe(BaseMoeBackend):
+    """把 (token, 专家) 对按专家排序分组，每个专家一次矩阵乘，最后 index_add_ 加回各个 token。"""
+
+    def forward(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                router_logits: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
+        weights, ids = select_experts(router_logits, top_k, renormalize)  # [T, K], [T, K]
+        flat_ids = ids.flatten()  # [T*K]：第 t*K+j 个是 token t 的第 j 个专家
+        order = torch.argsort(flat_ids, stable=True)  # [T*K]：同一专家的对排在一起
+        token_idx = order // top_k  # [T*K]：排好序的每一行来自哪个 token
+        counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()  # E 个 int
+        rows = x[token_idx]  # [T*K, H]
+        out_rows = torch.empty_like(rows)  # [T*K, H]
+        start = 0
+        for e, n in enumerate(counts):  # 循环的是专家，不是 token
+            if n == 0:
+                continue
+            h = F.linear(rows[start:start + n], gate_up[e])  # [n, 2I]
+            gate, up = h.chunk(2, dim=-1)  # [n, I] ×2
+            out_rows[start:start + n] = F.linear(F.silu(gate) * up, down[e])  # [n, H]
+            start += n
+        out_rows *= weights.flatten()[order].unsqueeze(-1).to(x.dtype)  # [T*K, H]：乘上路由权重
+        return torch.zeros_like(x).index_add_(0, token_idx, out_rows)  # [T, H]
+
+
+class MoELayer(BaseOP):
+    """一层的全部专家：gate_up_proj [E, 2I/tp, H]、down_proj [E, H, I/tp]。路由 logits 由调用方算好传入。"""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool, backend: BaseMoeBackend) -> None:
+        tp = get_tp_info()
+        start, end = shard_range(intermediate_size, tp, "moe_intermediate_size")
+        self.gate_up_proj = torch.empty(num_experts, 2 * (end - start), hidden_size)  # [E, 2I/tp, H]
+        self.down_proj = torch.empty(num_experts, hidden_size, end - start)  # [E, H, I/tp]
+        self._top_k = top_k
+        self._renormalize = renormalize
+        self._backend = backend
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        y = self._backend.forward(x, self.gate_up_proj, self.down_proj, router_logits,
+                                  self._top_k, self._renormalize)  # [T, H]：本 rank 的部分和
+        return all_reduce(y)

@@ -1,0 +1,132 @@
+# Tangled from book/chapters/ch03_models.ipynb — edit the notebook, not this file.
+"""第 3 章：Llama、Qwen3 的 logits 等于 transformers 的（float32），贪心生成的 token 逐个相同。"""
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from minisgl.models import MODELS, ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
+from minisgl.models.weight import map_weight_name, merge_weights
+from minisgl.utils.hf import load_hf_config
+
+PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 30]  # Qwen3 分词器的一句话
+
+
+def load_both(path: Path):
+    """同一份权重：transformers 的模型和 minisgl 的模型，都是 float32、CPU。"""
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # 贪心对比时不要提前停
+    hf.generation_config.pad_token_id = None
+    with torch.device("cpu"):
+        ours = create_model(ModelConfig.from_hf(load_hf_config(path)))
+    load_weight(ours, path)
+    return hf, ours
+
+
+def first_diff(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_llama"])
+def test_tiny_models_match_transformers(fixture: str, request) -> None:
+    hf, ours = load_both(request.getfixturevalue(fixture))
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]  # [T, V]
+    got = ours.forward(ids, torch.arange(len(PROMPT)), SimpleKVCache(ours.config, len(PROMPT), ids.device,
+                                                                      torch.float32))
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+    ref_tokens = hf.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(PROMPT):].tolist()
+    got_tokens = greedy_generate(ours, PROMPT, max_new_tokens=32)
+    assert got_tokens == ref_tokens, f"first divergence at step {first_diff(got_tokens, ref_tokens)}"
+    assert len(set(ref_tokens)) > 4, "the oracle repeats one token: this test would catch nothing"
+
+
+def test_smollm2_matches_transformers(smollm2: Path) -> None:
+    """真实的 135M 模型（bf16 检查点装进 float32 模型）：logits 与 32 个贪心 token。"""
+    from minisgl.utils.hf import load_tokenizer
+
+    hf, ours = load_both(smollm2)
+    tok = load_tokenizer(smollm2)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor(tok.encode(prompt))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    got = ours.forward(ids, torch.arange(len(ids)), SimpleKVCache(ours.config, len(ids), ids.device, torch.float32))
+    torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-4)
+    ref_tokens = hf.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(ids):].tolist()
+    got_tokens = greedy_generate(ours, ids.tolist(), max_new_tokens=32)
+    assert got_tokens == ref_tokens, f"first divergence at step {first_diff(got_tokens, ref_tokens)}"
+
+
+def test_map_weight_name() -> None:
+    assert map_weight_name("model.layers.7.self_attn.v_proj.weight") == ("model.layers.7.self_attn.qkv_proj.weight", 2, 3)
+    assert map_weight_name("model.layers.0.mlp.gate_proj.weight") == ("model.layers.0.mlp.gate_up_proj.weight", 0, 2)
+    assert map_weight_name("model.layers.0.self_attn.o_proj.weight") == ("model.layers.0.self_attn.o_proj.weight", 0, 1)
+    assert map_weight_name("model.my_q_proj_table.weight") == ("model.my_q_proj_table.weight", 0, 1)
+
+
+def test_merge_weights_in_any_order() -> None:
+    q, k, v = torch.full((4, 2), 1.0), torch.full((2, 2), 2.0), torch.full((2, 2), 3.0)
+    stream = [("a.self_attn.v_proj.weight", v), ("a.norm.weight", torch.ones(2)),
+              ("a.self_attn.q_proj.weight", q), ("a.self_attn.k_proj.weight", k)]
+    out = dict(merge_weights(iter(stream)))
+    assert list(out) == ["a.norm.weight", "a.self_attn.qkv_proj.weight"]
+    assert torch.equal(out["a.self_attn.qkv_proj.weight"], torch.cat([q, k, v]))
+    with pytest.raises(ValueError, match="gate_up_proj"):
+        dict(merge_weights(iter([("m.mlp.gate_proj.weight", q)])))
+
+
+def test_sharded_checkpoint(tiny_llama: Path, tmp_path: Path) -> None:
+    """把检查点拆成 3 个分片 + index.json：加载结果与单文件逐位相同。"""
+    for f in tiny_llama.iterdir():
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    state = load_file(tiny_llama / "model.safetensors")
+    names, weight_map = sorted(state), {}
+    for i in range(3):
+        file = f"model-{i + 1:05d}-of-00003.safetensors"
+        part = {n: state[n] for n in names[i::3]}
+        save_file(part, tmp_path / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = ModelConfig.from_hf(load_hf_config(tiny_llama))
+    single, sharded = create_model(config), create_model(config)
+    load_weight(single, tiny_llama)
+    load_weight(sharded, tmp_path)
+    a, b = single.state_dict(), sharded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_checkpoint_mismatch_is_named(tiny_qwen3: Path, tmp_path: Path) -> None:
+    config = ModelConfig.from_hf(load_hf_config(tiny_qwen3))
+    state = load_file(tiny_qwen3 / "model.safetensors")
+    assert "lm_head.weight" not in state and config.tie_word_embeddings  # 共享词嵌入：检查点里没有 lm_head
+    del state["model.layers.1.self_attn.k_norm.weight"]
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(KeyError, match="k_norm"):
+        load_weight(create_model(config), tmp_path)
+    state["model.layers.1.self_attn.k_norm.weight"] = torch.ones(config.head_dim)
+    state["model.extra.weight"] = torch.ones(3)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(KeyError, match="model.extra.weight"):
+        load_weight(create_model(config), tmp_path)
+
+
+def test_config_and_registry(tiny_qwen3: Path) -> None:
+    hf = load_hf_config(tiny_qwen3)
+    config = ModelConfig.from_hf(hf)
+    assert (config.head_dim, config.num_qo_heads, config.num_kv_heads) == (32, 4, 2)  # head_dim ≠ 64/4
+    assert config.rope_scaling is None and not config.is_moe
+    assert set(MODELS.names()) >= {"LlamaForCausalLM", "Qwen3ForCausalLM"}
+    with pytest.raises(ValueError, match="LlamaForCausalLM"):  # 报错里列出支持的名字
+        create_model(dataclasses.replace(config, architecture="GPT2LMHeadModel"))
+    hf.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="gelu"):
+        ModelConfig.from_hf(hf)

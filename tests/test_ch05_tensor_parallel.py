@@ -1,0 +1,102 @@
+# Tangled from book/chapters/ch05_tensor_parallel.ipynb — edit the notebook, not this file.
+"""第 5 章：TP=2（两个进程，gloo）与 TP=1 的 logits、贪心 token 相同；切分的算术与报错。"""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from minisgl.distributed import (DistributedInfo, destroy_distributed, free_tcp_address, get_tp_info,
+                                 init_distributed, kv_head_range, set_tp_info, shard_range, vocab_range)
+from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
+from minisgl.utils.hf import load_hf_config
+
+PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 30]
+MODELS = ["tiny_qwen3", "tiny_qwen3_moe", "kv1_odd_vocab"]
+
+
+def run_model(path: str) -> dict:
+    with torch.device("cpu"):
+        model = create_model(ModelConfig.from_hf(load_hf_config(path)))
+    load_weight(model, path)
+    ids = torch.tensor(PROMPT)
+    logits = model.forward(ids, torch.arange(len(PROMPT)),
+                           SimpleKVCache(model.config, len(PROMPT), ids.device, torch.float32))
+    return {"logits": logits, "tokens": greedy_generate(model, PROMPT, max_new_tokens=16)}
+
+
+def tp_worker(rank: int, size: int, addr: str, paths: list, out: str) -> None:
+    torch.set_num_threads(1)
+    set_tp_info(rank, size)
+    init_distributed(get_tp_info(), torch.device("cpu"), addr)
+    try:
+        torch.save([run_model(p) for p in paths], f"{out}.rank{rank}")
+    finally:
+        destroy_distributed()
+
+
+@pytest.fixture(scope="module")
+def kv1_odd_vocab(tmp_path_factory) -> Path:
+    """1 个 KV 头（TP=2 时复制）、词表 151937（TP=2 时补齐 1 行）。"""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(1)
+    path = tmp_path_factory.mktemp("kv1_odd_vocab")
+    config = Qwen3Config(vocab_size=151937, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=32, initializer_range=0.5,
+                         tie_word_embeddings=False)
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tp_results(request, tmp_path_factory) -> dict:
+    """{模型名: (TP=1 的结果, TP=2 rank 0 的结果, TP=2 rank 1 的结果)}。"""
+    paths = [str(request.getfixturevalue(name)) for name in MODELS]
+    out = str(tmp_path_factory.mktemp("tp2") / "result")
+    mp.spawn(tp_worker, args=(2, free_tcp_address(), paths, out), nprocs=2)
+    tp2 = [torch.load(f"{out}.rank{r}") for r in range(2)]
+    return {name: (run_model(p), tp2[0][i], tp2[1][i]) for i, (name, p) in enumerate(zip(MODELS, paths))}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tp2_matches_tp1(name: str, tp_results) -> None:
+    single, rank0, rank1 = tp_results[name]
+    assert rank0["logits"].shape == single["logits"].shape  # [T, V]：all-gather 后去掉了补齐
+    torch.testing.assert_close(rank0["logits"], single["logits"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rank1["logits"], rank0["logits"], atol=0, rtol=0)  # 每个 rank 的 logits 完全一样
+    assert rank0["tokens"] == single["tokens"] == rank1["tokens"]
+    assert len(set(single["tokens"])) > 4, "the oracle repeats one token: this test would catch nothing"
+
+
+def test_shard_ranges() -> None:
+    ranks = [DistributedInfo(r, 4) for r in range(4)]
+    assert [shard_range(64, r, "heads") for r in ranks] == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert [kv_head_range(8, r) for r in ranks] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert [kv_head_range(2, r) for r in ranks] == [(0, 1), (0, 1), (1, 2), (1, 2)]  # 复制
+    assert [vocab_range(10, r) for r in ranks] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    with pytest.raises(ValueError, match="--tp 4 must divide num_attention_heads=14"):
+        shard_range(14, ranks[0], "num_attention_heads")
+    with pytest.raises(ValueError, match="--tp 4 is larger than num_key_value_heads=3"):
+        kv_head_range(3, ranks[0])
+
+
+def collective_worker(rank: int, addr: str, out: str) -> None:
+    from minisgl.distributed import all_gather, all_reduce
+
+    set_tp_info(rank, 2)
+    init_distributed(get_tp_info(), torch.device("cpu"), addr)
+    try:
+        x = torch.full((2, 3), float(rank + 1))
+        y = all_gather(torch.arange(4.0).view(2, 2) + 10 * rank)
+        torch.save((all_reduce(x), y), f"{out}.rank{rank}")
+    finally:
+        destroy_distributed()
+
+
+def test_collectives_on_gloo(tmp_path) -> None:
+    mp.spawn(collective_worker, args=(free_tcp_address(), str(tmp_path / "c")), nprocs=2)
+    for r in range(2):
+        reduced, gathered = torch.load(tmp_path / f"c.rank{r}")
+        assert reduced.tolist() == [[3.0] * 3] * 2  # 1 + 2
+        assert gathered.tolist() == [[0.0, 1.0, 10.0, 11.0], [2.0, 3.0, 12.0, 13.0]]  # 沿最后一维按 rank 拼
