@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from minisgl.models import MODELS, ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
 from minisgl.models.weight import map_weight_name, merge_weights
+from minisgl.utils import torch_dtype
 from minisgl.utils.hf import load_hf_config
 
 PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 30]  # Qwen3 分词器的一句话
@@ -130,3 +131,46 @@ def test_config_and_registry(tiny_qwen3: Path) -> None:
     hf.hidden_act = "gelu"
     with pytest.raises(ValueError, match="gelu"):
         ModelConfig.from_hf(hf)
+
+
+def load_on(path: Path, device: torch.device, dtype: torch.dtype):
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    hf.generation_config.eos_token_id = hf.generation_config.pad_token_id = None
+    with torch.device(device), torch_dtype(dtype):
+        ours = create_model(ModelConfig.from_hf(load_hf_config(path)))
+    load_weight(ours, path)
+    return hf, ours
+
+
+def logits_of(hf, ours, device: torch.device, dtype: torch.dtype):
+    ids = torch.tensor(PROMPT, device=device)
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0].float()  # [T, V]
+    got = ours.forward(ids, torch.arange(len(PROMPT), device=device),
+                       SimpleKVCache(ours.config, len(PROMPT), device, dtype)).float()  # [T, V]
+    return ref, got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_llama"])
+def test_cuda_float32_matches_transformers(fixture: str, request) -> None:
+    device = torch.device("cuda")
+    hf, ours = load_on(request.getfixturevalue(fixture), device, torch.float32)
+    ref, got = logits_of(hf, ours, device, torch.float32)
+    torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-3)
+    ids = torch.tensor([PROMPT], device=device)
+    ref_tokens = hf.generate(ids, max_new_tokens=32, do_sample=False)[0, len(PROMPT):].tolist()
+    assert greedy_generate(ours, PROMPT, max_new_tokens=32) == ref_tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_llama"])
+def test_cuda_bfloat16_is_as_accurate_as_transformers(fixture: str, request) -> None:
+    path, device = request.getfixturevalue(fixture), torch.device("cuda")
+    exact, _ = logits_of(*load_on(path, device, torch.float32), device, torch.float32)
+    hf16, ours16 = logits_of(*load_on(path, device, torch.bfloat16), device, torch.bfloat16)
+    err_hf, err_ours = (hf16 - exact).abs().max(), (ours16 - exact).abs().max()
+    assert err_ours <= 2 * err_hf, f"bf16 error: ours {err_ours:.3f}, transformers {err_hf:.3f}"
+    agree = (ours16.argmax(-1) == exact.argmax(-1)).float().mean()
+    agree_hf = (hf16.argmax(-1) == exact.argmax(-1)).float().mean()
+    assert agree >= agree_hf - 0.15, f"top-1 agreement with float32: ours {agree:.2f}, transformers {agree_hf:.2f}"

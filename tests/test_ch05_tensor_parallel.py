@@ -15,22 +15,26 @@ PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 3
 MODELS = ["tiny_qwen3", "tiny_qwen3_moe", "kv1_odd_vocab"]
 
 
-def run_model(path: str) -> dict:
-    with torch.device("cpu"):
+def run_model(path: str, device: str = "cpu") -> dict:
+    with torch.device(device):
         model = create_model(ModelConfig.from_hf(load_hf_config(path)))
     load_weight(model, path)
-    ids = torch.tensor(PROMPT)
-    logits = model.forward(ids, torch.arange(len(PROMPT)),
+    ids = torch.tensor(PROMPT, device=device)
+    logits = model.forward(ids, torch.arange(len(PROMPT), device=device),
                            SimpleKVCache(model.config, len(PROMPT), ids.device, torch.float32))
-    return {"logits": logits, "tokens": greedy_generate(model, PROMPT, max_new_tokens=16)}
+    return {"logits": logits.cpu(), "tokens": greedy_generate(model, PROMPT, max_new_tokens=16)}
 
 
-def tp_worker(rank: int, size: int, addr: str, paths: list, out: str) -> None:
+def tp_worker(rank: int, size: int, addr: str, paths: list, out: str, device_type: str = "cpu") -> None:
+    """mp.spawn 的入口。device_type="cuda" 时第 rank 个进程用第 rank 块 GPU，进程组随之换成 NCCL。"""
     torch.set_num_threads(1)
     set_tp_info(rank, size)
-    init_distributed(get_tp_info(), torch.device("cpu"), addr)
+    device = torch.device(f"cuda:{rank}") if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    init_distributed(get_tp_info(), device, addr)
     try:
-        torch.save([run_model(p) for p in paths], f"{out}.rank{rank}")
+        torch.save([run_model(p, str(device)) for p in paths], f"{out}.rank{rank}")
     finally:
         destroy_distributed()
 
@@ -67,6 +71,21 @@ def test_tp2_matches_tp1(name: str, tp_results) -> None:
     torch.testing.assert_close(rank1["logits"], rank0["logits"], atol=0, rtol=0)  # 每个 rank 的 logits 完全一样
     assert rank0["tokens"] == single["tokens"] == rank1["tokens"]
     assert len(set(single["tokens"])) > 4, "the oracle repeats one token: this test would catch nothing"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tp2_on_two_gpus_matches_tp1(tiny_qwen3, tiny_qwen3_moe, tmp_path) -> None:
+    """同样的比较放到两块 GPU 上：进程组是 NCCL，张量在 cuda:0 / cuda:1。"""
+    paths = [str(tiny_qwen3), str(tiny_qwen3_moe)]
+    out = str(tmp_path / "result")
+    mp.spawn(tp_worker, args=(2, free_tcp_address(), paths, out, "cuda"), nprocs=2)
+    tp2 = [torch.load(f"{out}.rank{r}") for r in range(2)]
+    for i, path in enumerate(paths):
+        single = run_model(path, "cuda:0")
+        torch.testing.assert_close(tp2[0][i]["logits"], single["logits"], atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(tp2[1][i]["logits"], tp2[0][i]["logits"], atol=0, rtol=0)
+        assert tp2[0][i]["tokens"] == single["tokens"] == tp2[1][i]["tokens"]
 
 
 def test_shard_ranges() -> None:

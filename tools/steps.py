@@ -314,7 +314,7 @@ def cmd_check(nums: List[int], timeout: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- execute
-def cmd_execute(names: List[str], timeout: int) -> int:
+def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
     import nbformat
     from nbclient import NotebookClient
 
@@ -324,23 +324,35 @@ def cmd_execute(names: List[str], timeout: int) -> int:
         has_gpu = torch.cuda.is_available()
     except ImportError:
         has_gpu = False
+    if gpu_only and not has_gpu:
+        raise SystemExit("execute --gpu-only needs a CUDA GPU")
     paths = sorted(CHAPTERS.glob("ch*.ipynb"))
     if names:
         paths = [p for p in paths if any(p.name.startswith(n) for n in names)]
     for path in paths:
         nb = nbformat.read(path, as_version=4)
+        run = nb
+        if gpu_only:  # 只跑第一个（设置）单元格和带 gpu 标签的单元格，其余单元格的输出原样保留
+            keep = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                    and (i == _first_code(nb) or "gpu" in c.metadata.get("tags", []))]
+            if len(keep) <= 1:
+                continue
+            run = nbformat.v4.new_notebook(cells=[nb.cells[i] for i in keep], metadata=nb.metadata)
         t0 = time.time()
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(ROOT)}},
+        client = NotebookClient(run, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}},
                                 skip_cells_with_tag="none" if has_gpu else "gpu")
         try:
             client.execute()
         finally:
-            nbformat.validator.normalize(nb)
-            nbformat.write(nb, path)
+            nbformat.write(nb, path)  # run 的单元格就是 nb 里的同一批对象
         print(f"executed {path.name} in {time.time() - t0:.0f}s ({'GPU' if has_gpu else 'CPU'}; "
-              f"{'all cells' if has_gpu else 'cells tagged gpu skipped'})")
+              f"{'only cells tagged gpu' if gpu_only else 'all cells' if has_gpu else 'cells tagged gpu skipped'})")
     return 0
+
+
+def _first_code(nb) -> int:
+    return next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
 
 
 def cmd_parts(upto: int | None) -> int:
@@ -364,6 +376,7 @@ def main(argv: List[str] | None = None) -> int:
     e = sub.add_parser("execute", help="run notebooks with nbclient and store the outputs")
     e.add_argument("names", nargs="*", help="chNN prefixes (default: all)")
     e.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
+    e.add_argument("--gpu-only", action="store_true", help="run only the setup cell and cells tagged gpu")
     p = sub.add_parser("parts", help="list the parts as of chapter N")
     p.add_argument("n", type=int, nargs="?")
     args = ap.parse_args(argv)
@@ -374,7 +387,7 @@ def main(argv: List[str] | None = None) -> int:
     if args.cmd == "check":
         return cmd_check(args.n, args.timeout)
     if args.cmd == "execute":
-        return cmd_execute(args.names, args.timeout)
+        return cmd_execute(args.names, args.timeout, args.gpu_only)
     return cmd_parts(args.n)
 
 
