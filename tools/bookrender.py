@@ -101,6 +101,27 @@ def _md(source: str, cid: str):
     return cell
 
 
+def settle_streams(outputs: List) -> List:
+    """像终端那样显示流输出：相邻的同名流合并，一行里 \\r 之前被覆盖的部分（tqdm 的中间状态）丢掉。"""
+    out: List = []
+    for o in outputs:
+        if o.get("output_type") == "stream" and out and out[-1].get("output_type") == "stream" \
+                and out[-1].get("name") == o.get("name"):
+            out[-1]["text"] = _source_text(out[-1]) + _source_text(o)
+            continue
+        out.append(copy.deepcopy(o))
+    for o in out:
+        if o.get("output_type") == "stream":
+            lines = _source_text(o).split("\n")
+            o["text"] = "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines)
+    return out
+
+
+def _source_text(o) -> str:
+    t = o.get("text", "")
+    return t if isinstance(t, str) else "".join(t)
+
+
 def render(nb):
     """Rewrite the cells of a notebook for display (a new notebook; the argument is not changed)."""
     nb = copy.deepcopy(nb)
@@ -125,6 +146,8 @@ def render(nb):
             cells.append(cell)
             continue
         tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.get("outputs"):
+            cell["outputs"] = settle_streams(cell["outputs"])
         if not _source(cell).startswith("#|"):
             if "gpu" in tags and not tags & _HIDDEN:  # 只在 GPU 上运行的演示单元格：标出来，输出来自 GPU
                 cells.append(_md(gpu_note(bool(cell.get("outputs"))), cid + "-gpu"))
