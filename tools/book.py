@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 from typing import List
 
+from steps import chapter_paths  # tools/ is on sys.path when this runs as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "book" / "chapters"
 TOC = ROOT / "_toc.yml"
 HTML = ROOT / "_build" / "html"
 SANITIZE = ROOT / "book" / "nbval_sanitize.cfg"
-_NAME = re.compile(r"^ch(\d\d)_[a-z0-9_]+\.ipynb$")
 PHASES = [  # (第一章, 最后一章, 目录里的分组标题)
     (1, 5, "阶段一 · 模型前向"),
     (6, 11, "阶段二 · 推理引擎"),
@@ -40,13 +41,7 @@ PHASES = [  # (第一章, 最后一章, 目录里的分组标题)
 
 
 def chapters() -> List[Path]:
-    found = []
-    for p in sorted(CHAPTERS.glob("*.ipynb")):
-        m = _NAME.match(p.name)
-        if not m:
-            raise SystemExit(f"{p.relative_to(ROOT)}: chapter notebooks are named chNN_slug.ipynb")
-        found.append(p)
-    return found
+    return chapter_paths()
 
 
 def toc_text() -> str:

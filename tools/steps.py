@@ -114,12 +114,20 @@ def parse_cell(source: str, where: str) -> Cell | None:
                 excerpt="excerpt" in directives, remove="remove" in directives)
 
 
+def chapter_paths() -> List[Path]:
+    """book/chapters/chNN_slug.ipynb in chapter order; any other notebook there is an error."""
+    paths = sorted(CHAPTERS.glob("*.ipynb"))
+    for path in paths:
+        if not _NAME.match(path.name):
+            raise SystemExit(f"{path.relative_to(ROOT)}: chapter notebooks are named chNN_slug.ipynb")
+    return paths
+
+
 def load_chapters() -> List[Chapter]:
     chapters = []
-    for path in sorted(CHAPTERS.glob("ch*.ipynb")):
+    for path in chapter_paths():
         m = _NAME.match(path.name)
-        if not m:
-            raise SystemExit(f"{path}: chapter notebooks are named chNN_slug.ipynb")
+        assert m is not None, path
         nb = json.loads(path.read_text(encoding="utf-8"))
         cells, seen = [], set()
         for i, c in enumerate(nb["cells"]):
