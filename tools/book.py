@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import html
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import List
 
-from steps import chapter_paths  # tools/ is on sys.path when this runs as a script
+from steps import chapter_arg, chapter_path, chapter_paths  # tools/ is on sys.path when this runs as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "book" / "chapters"
@@ -110,7 +111,11 @@ def cmd_build(rebuild_all: bool, practice: bool) -> int:
     if problems:
         return 1
     web = ROOT / "tools" / "build_practice_web.py"
-    if practice and (ROOT / "practice" / "web" / "index.html").exists() and web.exists():
+    cached = any((ROOT / "practice" / ".cache").glob("pyodide-*"))
+    if practice and not cached and shutil.which("npm") is None:
+        print("warning: no npm here, so the browser practice page was not built (it downloads pyodide from npm "
+              "once); judge locally with `python practice/judge.py`, or install Node.js/npm and build again")
+    elif practice and (ROOT / "practice" / "web" / "index.html").exists() and web.exists():
         # pyodide（npm）和 pytest 的 wheel（PyPI）第一次会下载，之后用 practice/.cache/
         proc = subprocess.run([sys.executable, str(web), str(HTML / "practice")], cwd=ROOT)
         if proc.returncode:
@@ -120,8 +125,8 @@ def cmd_build(rebuild_all: bool, practice: bool) -> int:
     return 0
 
 
-def cmd_nbval(names: List[str]) -> int:
-    paths = [p for p in chapters() if not names or any(p.name.startswith(n) for n in names)]
+def cmd_nbval(names: List[int]) -> int:
+    paths = [chapter_path(n) for n in names] if names else chapters()
     if not paths:
         print("no chapter notebooks")
         return 1
@@ -141,7 +146,7 @@ def main(argv: List[str] | None = None) -> int:
     b.add_argument("--all", action="store_true", help="rebuild every page (ignore the Sphinx cache)")
     b.add_argument("--no-practice", action="store_true", help="skip _build/html/practice (browser exercises)")
     n = sub.add_parser("nbval", help="pytest --nbval-lax on the chapter notebooks")
-    n.add_argument("names", nargs="*", help="chNN prefixes (default: all)")
+    n.add_argument("names", type=chapter_arg, nargs="*", help="chapters: 5, ch05 or ch05_slug (default: all)")
     args = ap.parse_args(argv)
     if args.cmd == "toc":
         return cmd_toc(args.check)

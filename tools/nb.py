@@ -23,8 +23,14 @@ EDIT = ROOT / ".edit"
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
-def export(prefix: str) -> Path:
-    (path,) = CHAPTERS.glob(f"{prefix}*.ipynb")
+def export(chapter: str) -> Path:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from steps import chapter_arg, chapter_path
+
+    try:
+        path = chapter_path(chapter_arg(chapter))
+    except Exception as e:  # argparse.ArgumentTypeError 带着可读的说明
+        raise SystemExit(f"nb.py export: {e}") from None
     nb = nbformat.read(path, as_version=4)
     EDIT.mkdir(exist_ok=True)
     out = EDIT / (path.stem + ".md")
@@ -39,8 +45,10 @@ def to_notebook(md: Path) -> Path:
     target = CHAPTERS / (md.stem + ".ipynb")
     old = nbformat.read(target, as_version=4) if target.exists() else None
     old_outputs = {}
+    old_ids = {}  # 没改的 markdown 单元格也保留 id
     if old is not None:
         for c in old.cells:
+            old_ids.setdefault((c.cell_type, c.source), c.get("id"))
             if c.cell_type == "code":
                 old_outputs.setdefault(c.source, (c.get("outputs", []), c.get("execution_count"), c.get("id")))
     cells = []
@@ -55,6 +63,8 @@ def to_notebook(md: Path) -> Path:
                 cell.metadata["tags"] = list(tags)
         elif c.cell_type == "markdown":
             cell = nbformat.v4.new_markdown_cell(c.source)
+            if old_ids.get(("markdown", c.source)):
+                cell.id = old_ids[("markdown", c.source)]
         else:
             cell = nbformat.v4.new_raw_cell(c.source)
         cells.append(cell)

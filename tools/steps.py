@@ -85,6 +85,18 @@ class State:
 
 
 # ----------------------------------------------------------------------------------------------- reading
+def chapter_arg(text: str) -> int:
+    """argparse type: a chapter given as 5, 05, ch05 or ch05_tensor_parallel; it must exist."""
+    m = re.fullmatch(r"(?:ch)?(\d{1,2})(?:_[a-z0-9_]+)?(?:\.ipynb)?", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a chapter (write 5, ch05 or ch05_slug)")
+    num = int(m.group(1))
+    have = {int(p.name[2:4]): p.name for p in chapter_paths()}
+    if num not in have:
+        raise argparse.ArgumentTypeError(f"no chapter {text!r}; the notebooks are {sorted(have.values())}")
+    return num
+
+
 def chapter_path(num: int) -> Path:
     for p in CHAPTERS.glob(f"ch{num:02d}_*.ipynb"):
         return p
@@ -268,9 +280,9 @@ def tree_lines(num: int) -> List[str]:
                 lines.append(f"{indent}{glyph}{name}/  （{len(sub)} 个文件，不变）")
 
     walk("minisgl/", [f[len("minisgl/"):] for f in files], "")
-    example = sorted(f for f in after.files("examples/") if Path(f).name.startswith(f"ch{num:02d}_"))
-    if example:
-        lines.append(f"这一步的 main：{example[0]}——它只用到上面这些文件；python tools/steps.py check 会逐章搭出这棵树、"
+    main = f"examples/{chapter.slug}.py"
+    if main in after.parts:
+        lines.append(f"这一步的 main：{main}——它只用到上面这些文件；python tools/steps.py check 会逐章搭出这棵树、"
                      f"跑这个 main。")
     return lines
 
@@ -299,10 +311,12 @@ def cmd_check(nums: List[int], timeout: int) -> int:
     rows, failed = [], 0
     for num in nums:
         state = build(chapters, num)
-        examples = [f for f in state.files("examples/") if Path(f).name.startswith(f"ch{num:02d}_")]
+        main = f"examples/{chapter_path(num).stem}.py"
+        examples = [main] + [f for f in state.files("examples/")
+                             if Path(f).name.startswith(f"ch{num:02d}_") and f != main]
         nfiles = len(state.files("minisgl/"))
-        if not examples:
-            rows.append((num, nfiles, "无 example", 0.0))
+        if main not in state.parts:
+            rows.append((num, nfiles, f"没有 {main}", 0.0))
             failed += 1
             continue
         with tempfile.TemporaryDirectory(prefix=f"minisgl-ch{num:02d}-") as tmp:
@@ -335,6 +349,7 @@ def cmd_check(nums: List[int], timeout: int) -> int:
 def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
     try:
         import torch
@@ -344,9 +359,8 @@ def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
         has_gpu = False
     if gpu_only and not has_gpu:
         raise SystemExit("execute --gpu-only needs a CUDA GPU")
-    paths = sorted(CHAPTERS.glob("ch*.ipynb"))
-    if names:
-        paths = [p for p in paths if any(p.name.startswith(n) for n in names)]
+    paths = [chapter_path(n) for n in names] if names else chapter_paths()
+    failed = 0
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         run = nb
@@ -362,11 +376,21 @@ def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
                                 skip_cells_with_tag="none" if has_gpu else "gpu")
         try:
             client.execute()
+        except CellExecutionError as e:
+            failed += 1
+            bad = next((i for i, c in enumerate(run.cells) if any(o.get("output_type") == "error"
+                                                                   for o in c.get("outputs", []))), None)
+            if bad is not None:  # 出错之后的单元格没有运行：清掉它们上一次的输出，免得新旧混在一起
+                for c in run.cells[bad + 1:]:
+                    if c.cell_type == "code":
+                        c.outputs, c.execution_count = [], None
+            print(f"FAILED {path.name}: cell {bad} raised\n" + "\n".join(str(e).splitlines()[-15:]))
+            continue
         finally:
             nbformat.write(nb, path)  # run 的单元格就是 nb 里的同一批对象
         print(f"executed {path.name} in {time.time() - t0:.0f}s ({'GPU' if has_gpu else 'CPU'}; "
               f"{'only cells tagged gpu' if gpu_only else 'all cells' if has_gpu else 'cells tagged gpu skipped'})")
-    return 0
+    return 1 if failed else 0
 
 
 def _first_code(nb) -> int:
@@ -387,16 +411,16 @@ def main(argv: List[str] | None = None) -> int:
     t = sub.add_parser("tangle", help="write minisgl/, examples/ and tests/ from the notebooks")
     t.add_argument("--check", action="store_true", help="fail if anything on disk differs")
     tr = sub.add_parser("tree", help="the file tree as of chapter N")
-    tr.add_argument("n", type=int)
+    tr.add_argument("n", type=chapter_arg, help="5, ch05 or ch05_slug")
     c = sub.add_parser("check", help="run each chapter's example against chapters 1..N alone")
-    c.add_argument("n", type=int, nargs="*")
+    c.add_argument("n", type=chapter_arg, nargs="*", help="chapters (default: all)")
     c.add_argument("--timeout", type=int, default=900)
     e = sub.add_parser("execute", help="run notebooks with nbclient and store the outputs")
-    e.add_argument("names", nargs="*", help="chNN prefixes (default: all)")
+    e.add_argument("names", type=chapter_arg, nargs="*", help="chapters (default: all)")
     e.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
     e.add_argument("--gpu-only", action="store_true", help="run only the setup cell and cells tagged gpu")
     p = sub.add_parser("parts", help="list the parts as of chapter N")
-    p.add_argument("n", type=int, nargs="?")
+    p.add_argument("n", type=chapter_arg, nargs="?")
     args = ap.parse_args(argv)
     if args.cmd == "tangle":
         return cmd_tangle(args.check)

@@ -22,8 +22,7 @@ step "practice: reference solutions pass, untouched stubs fail"
 "$PY" practice/judge.py --self-check
 
 step "notebooks: every cell runs (nbval, lax), gpu cells skipped on CPU"
-"$PY" -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-  --nbval-sanitize-with book/nbval_sanitize.cfg book/chapters
+"$PY" tools/book.py nbval
 
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
