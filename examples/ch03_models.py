@@ -25,6 +25,7 @@ n_params = sum(t.numel() for t in model.state_dict().values())
 print(f"{n_params / 1e6:.1f}M 参数，{dtype} @ {device}，构造 + 加载用时 {time.perf_counter() - t0:.1f}s")
 
 tokenizer = load_tokenizer(path)
+answers = {}
 for question in ["What is the capital of France?", "Give me three tips for staying healthy."]:
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                            add_generation_prompt=True)
@@ -35,3 +36,13 @@ for question in ["What is the capital of France?", "Give me three tips for stayi
     print(f"\n问: {question}（提示词 {len(prompt_ids)} 个 token）")
     print(f"答: {tokenizer.decode(out, skip_special_tokens=True)!r}")
     print(f"   生成 {len(out)} 个 token，{len(out) / dt:.1f} token/s")
+    answers[question] = (prompt_ids, out)
+
+# 同一份权重交给 transformers，贪心生成同样多的 token：应当逐个相同
+from transformers import AutoModelForCausalLM
+
+hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+prompt_ids, out = answers["What is the capital of France?"]
+ref = hf.generate(torch.tensor([prompt_ids], device=device), max_new_tokens=len(out), do_sample=False,
+                  eos_token_id=None, pad_token_id=tokenizer.eos_token_id)[0, len(prompt_ids):].tolist()
+print(f"\n第一个回答与 transformers 的贪心结果逐 token 相同: {ref == out}（{len(out)} 个 token）")

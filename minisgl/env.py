@@ -20,6 +20,11 @@ class Env:
     log_level: str = _var("LOG_LEVEL", "INFO", "日志级别：DEBUG / INFO / WARNING / ERROR")
     cache_dir: str = _var("CACHE_DIR", "~/.cache/minisgl", "内置模型等缓存文件放在哪里")
 
+    def __post_init__(self) -> None:
+        levels = ("DEBUG", "INFO", "WARNING", "ERROR")
+        if self.log_level.upper() not in levels:
+            raise ValueError(f"{PREFIX}LOG_LEVEL={self.log_level!r} is not a log level; choose one of {levels}")
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
         environ = os.environ if environ is None else environ

@@ -6,7 +6,7 @@ import torch
 
 from minisgl.distributed import DistributedInfo, get_tp_info
 from minisgl.env import Env
-from minisgl.utils import Registry, align_down, align_up, div_ceil, init_logger, parse_dtype, torch_dtype
+from minisgl.utils import Registry, align_down, align_ceil, div_ceil, init_logger, parse_dtype, torch_dtype
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir, resolve_model_path
 
 
@@ -16,6 +16,8 @@ def test_env_parses_types_and_rejects_bad_values():
     assert Env.from_environ({}) == Env()
     with pytest.raises(ValueError, match="MINISGL_LOG_LEVLE"):
         Env.from_environ({"MINISGL_LOG_LEVLE": "DEBUG"})
+    with pytest.raises(ValueError, match=r"MINISGL_LOG_LEVEL='verbose' is not a log level; choose one of"):
+        Env.from_environ({"MINISGL_LOG_LEVEL": "verbose"})
 
 
 def test_env_value_parser():
@@ -44,7 +46,7 @@ def test_registry():
 
 def test_misc_and_torch_utils():
     assert [div_ceil(n, 16) for n in (0, 1, 16, 17)] == [0, 1, 1, 2]
-    assert (align_down(17, 8), align_up(17, 8), align_up(16, 8)) == (16, 24, 16)
+    assert (align_down(17, 8), align_ceil(17, 8), align_ceil(16, 8)) == (16, 24, 16)
     with torch_dtype(torch.bfloat16):
         assert torch.empty(1).dtype == torch.bfloat16
     assert torch.empty(1).dtype == torch.float32
@@ -64,7 +66,7 @@ def test_tp_info_and_rank0_logging(monkeypatch, capsys):
     logger.info_rank0("from rank one")
     logger.info("every rank")
     out = capsys.readouterr().out
-    assert "from rank zero" in out and "from rank one" not in out and "[" in out and "TP1] INFO" in out
+    assert "from rank zero" in out and "from rank one" not in out and "TP1] INFO minisgl.test_ch01: every rank" in out
 
 
 def test_qwen3_tokenizer_is_real():

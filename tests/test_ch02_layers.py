@@ -9,6 +9,7 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
 from minisgl.layers import (BaseOP, LinearColParallelMerged, LinearOProj, LinearQKVMerged, LinearReplicated,
                             LinearRowParallel, OPList, ParallelLMHead, RMSNorm, RMSNormFused, StateLessOP,
                             VocabParallelEmbedding, get_rope, silu_and_mul)
+from minisgl.utils import torch_dtype
 
 ATOL = 1e-5
 
@@ -71,6 +72,16 @@ def test_rmsnorm_matches_transformers(shape) -> None:
     norm.load_state_dict({"weight": ref.weight.detach()})
     x = torch.randn(shape) * 3
     torch.testing.assert_close(norm.forward(x), ref(x).detach(), atol=ATOL, rtol=0)
+
+
+def test_rmsnorm_bf16_matches_transformers_bitwise() -> None:
+    torch.manual_seed(0)
+    ref = _hf_norm(64, 1e-6).to(torch.bfloat16)
+    with torch_dtype(torch.bfloat16):
+        norm = RMSNorm(64, 1e-6)
+    norm.load_state_dict({"weight": ref.weight.detach()})
+    x = (torch.randn(50, 64) * 3).to(torch.bfloat16)
+    assert torch.equal(norm.forward(x), ref(x).detach())  # 同样的运算顺序：先转回 bf16 再乘权重
 
 
 def test_rmsnorm_fused_adds_residual_first() -> None:

@@ -16,13 +16,15 @@ MODELS = ["tiny_qwen3", "tiny_qwen3_moe", "kv1_odd_vocab"]
 
 
 def run_model(path: str, device: str = "cpu") -> dict:
+    """在本进程的 TP 位置上构造、加载、前向、贪心生成；也记下几个参数的形状，证明真的切分了。"""
     with torch.device(device):
         model = create_model(ModelConfig.from_hf(load_hf_config(path)))
     load_weight(model, path)
     ids = torch.tensor(PROMPT, device=device)
     logits = model.forward(ids, torch.arange(len(PROMPT), device=device),
                            SimpleKVCache(model.config, len(PROMPT), ids.device, torch.float32))
-    return {"logits": logits.cpu(), "tokens": greedy_generate(model, PROMPT, max_new_tokens=16)}
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return {"logits": logits.cpu(), "tokens": greedy_generate(model, PROMPT, max_new_tokens=16), "shapes": shapes}
 
 
 def tp_worker(rank: int, size: int, addr: str, paths: list, out: str, device_type: str = "cpu") -> None:
@@ -58,19 +60,25 @@ def tp_results(request, tmp_path_factory) -> dict:
     """{模型名: (TP=1 的结果, TP=2 rank 0 的结果, TP=2 rank 1 的结果)}。"""
     paths = [str(request.getfixturevalue(name)) for name in MODELS]
     out = str(tmp_path_factory.mktemp("tp2") / "result")
-    mp.spawn(tp_worker, args=(2, free_tcp_address(), paths, out), nprocs=2)
+    mp.spawn(tp_worker, args=(2, f"file://{out}.rdzv", paths, out), nprocs=2)  # file://：不占端口
     tp2 = [torch.load(f"{out}.rank{r}") for r in range(2)]
     return {name: (run_model(p), tp2[0][i], tp2[1][i]) for i, (name, p) in enumerate(zip(MODELS, paths))}
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_tp2_matches_tp1(name: str, tp_results) -> None:
+def test_tp2_matches_tp1(name: str, tp_results, request) -> None:
     single, rank0, rank1 = tp_results[name]
     assert rank0["logits"].shape == single["logits"].shape  # [T, V]：all-gather 后去掉了补齐
     torch.testing.assert_close(rank0["logits"], single["logits"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(rank1["logits"], rank0["logits"], atol=0, rtol=0)  # 每个 rank 的 logits 完全一样
     assert rank0["tokens"] == single["tokens"] == rank1["tokens"]
     assert len(set(single["tokens"])) > 4, "the oracle repeats one token: this test would catch nothing"
+    # 两个 rank 真的各拿一半：词表补齐后平分，q 头平分
+    vocab, qkv = "model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight"
+    assert rank0["shapes"][vocab][0] == -(-single["shapes"][vocab][0] // 2)
+    config = ModelConfig.from_hf(load_hf_config(request.getfixturevalue(name)))
+    kv_local = max(config.num_kv_heads // 2, 1)  # KV 头比 rank 少时复制：每个 rank 1 个
+    assert rank0["shapes"][qkv][0] == (config.num_qo_heads // 2 + 2 * kv_local) * config.head_dim
 
 
 @pytest.mark.gpu
@@ -79,7 +87,7 @@ def test_tp2_on_two_gpus_matches_tp1(tiny_qwen3, tiny_qwen3_moe, tmp_path) -> No
     """同样的比较放到两块 GPU 上：进程组是 NCCL，张量在 cuda:0 / cuda:1。"""
     paths = [str(tiny_qwen3), str(tiny_qwen3_moe)]
     out = str(tmp_path / "result")
-    mp.spawn(tp_worker, args=(2, free_tcp_address(), paths, out, "cuda"), nprocs=2)
+    mp.spawn(tp_worker, args=(2, f"file://{out}.rdzv", paths, out, "cuda"), nprocs=2)
     tp2 = [torch.load(f"{out}.rank{r}") for r in range(2)]
     for i, path in enumerate(paths):
         single = run_model(path, "cuda:0")
@@ -100,6 +108,19 @@ def test_shard_ranges() -> None:
         kv_head_range(3, ranks[0])
 
 
+def test_shard_weight(tiny_qwen3) -> None:
+    from minisgl.models.weight import shard_weight
+
+    config, rank1 = ModelConfig.from_hf(load_hf_config(tiny_qwen3)), DistributedInfo(1, 2)
+    w = torch.arange(64 * 128.0).view(64, 128)  # down_proj：[E, I]，按输入维切
+    got = shard_weight("model.layers.0.mlp.down_proj.weight", w, config, rank1)
+    assert got.equal(w[:, 64:]) and got.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()  # 是副本
+    bias = torch.arange(64.0)  # 行并行层的偏置：不切
+    assert shard_weight("model.layers.0.self_attn.o_proj.bias", bias, config, rank1) is bias
+    norm = torch.ones(64)  # 不并行的参数原样返回
+    assert shard_weight("model.layers.0.input_layernorm.weight", norm, config, rank1) is norm
+
+
 def collective_worker(rank: int, addr: str, out: str) -> None:
     from minisgl.distributed import all_gather, all_reduce
 
@@ -114,7 +135,7 @@ def collective_worker(rank: int, addr: str, out: str) -> None:
 
 
 def test_collectives_on_gloo(tmp_path) -> None:
-    mp.spawn(collective_worker, args=(free_tcp_address(), str(tmp_path / "c")), nprocs=2)
+    mp.spawn(collective_worker, args=(f"file://{tmp_path}/rdzv", str(tmp_path / "c")), nprocs=2)
     for r in range(2):
         reduced, gathered = torch.load(tmp_path / f"c.rank{r}")
         assert reduced.tolist() == [[3.0] * 3] * 2  # 1 + 2

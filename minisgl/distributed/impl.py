@@ -20,7 +20,7 @@ def free_tcp_address(host: str = "127.0.0.1") -> str:
 
 def init_distributed(tp_info: DistributedInfo, device: torch.device, addr: str,
                      timeout_s: float = 60.0) -> None:
-    """建立 TP 进程组：CPU 上用 gloo，CUDA 上用 NCCL。所有 rank 用同一个 addr，调用后才返回。"""
+    """建立 TP 进程组：CPU 上用 gloo，CUDA 上用 NCCL。所有 rank 传同一个 addr；等所有 rank 都到齐才返回。"""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL 的通信绑定在当前 GPU 上
@@ -72,7 +72,7 @@ def kv_head_range(num_kv_heads: int, tp_info: DistributedInfo) -> Tuple[int, int
 
 
 def vocab_range(vocab_size: int, tp_info: DistributedInfo) -> Tuple[int, int]:
-    """词表切分：每个 rank ceil(V/tp) 行（最后一个可能不满），本 rank 拥有的 token id [start, end)。"""
+    """词表切分：每个 rank ceil(V/tp) 行（靠后的 rank 可能不满，甚至为空），本 rank 拥有的 token id [start, end)。"""
     per = -(-vocab_size // tp_info.size)
     start = min(tp_info.rank * per, vocab_size)
     return start, min(start + per, vocab_size)

@@ -28,7 +28,7 @@ class BaseOP:
         slots = list(self._slots(prefix))
         expected = {name for name, _, _ in slots}
         missing = sorted(expected - state.keys())
-        unexpected = sorted(k for k in state if k.startswith(prefix) and k not in expected)
+        unexpected = sorted(k for k in state if (k.startswith(prefix + ".") if prefix else True) and k not in expected)
         if missing or unexpected:
             raise KeyError(f"state_dict does not match {type(self).__name__}: missing {missing}, "
                            f"unexpected {unexpected}")

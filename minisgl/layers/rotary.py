@@ -14,19 +14,19 @@ from .base import StateLessOP
 class RotaryEmbedding(StateLessOP):
     """对 q、k 的前 rotary_dim 维做旋转（前后两半配对，即 Llama/NeoX 的排布），其余维度原样保留。"""
 
-    def __init__(self, head_dim: int, rotary_dim: int, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
+    def __init__(self, head_dim: int, rotary_dim: int, inv_freq: torch.Tensor, attention_factor: float = 1.0) -> None:
         if rotary_dim % 2 or rotary_dim > head_dim:
             raise ValueError(f"rotary_dim={rotary_dim} must be even and <= head_dim={head_dim}")
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
         self._inv_freq = inv_freq.float()  # [R/2]，随对象走；不是参数
-        self._scaling = scaling
+        self._attention_factor = attention_factor  # yarn 把 cos/sin 整体放大一点；其他方法是 1
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self._inv_freq.to(positions.device)  # [T, R/2] float32
-        cos = (freqs.cos() * self._scaling)[:, None, :]  # [T, 1, R/2]
-        sin = (freqs.sin() * self._scaling)[:, None, :]  # [T, 1, R/2]
+        cos = (freqs.cos() * self._attention_factor)[:, None, :]  # [T, 1, R/2]
+        sin = (freqs.sin() * self._attention_factor)[:, None, :]  # [T, 1, R/2]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)  # [T, H, D], [T, Hkv, D]
 
 
@@ -47,8 +47,8 @@ def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
     if kind == "llama3":
         return RotaryEmbedding(head_dim, rotary_dim, _llama3_inv_freq(inv_freq, rope_scaling))
     if kind == "yarn":
-        inv_freq, scaling = _yarn_inv_freq(rope_scaling, rotary_dim, base, max_position)
-        return RotaryEmbedding(head_dim, rotary_dim, inv_freq, scaling)
+        inv_freq, attention_factor = _yarn_inv_freq(rope_scaling, rotary_dim, base, max_position)
+        return RotaryEmbedding(head_dim, rotary_dim, inv_freq, attention_factor)
     raise ValueError(f"unsupported rope_scaling type {kind!r} in {rope_scaling}; supported: default, llama3, yarn")
 
 
@@ -86,6 +86,7 @@ def _yarn_inv_freq(cfg: Dict[str, Any], dim: int, base: float, max_position: int
         high += 0.001  # 避免除以 0
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [R/2]：0 外推，1 内插
     inv_theta = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # [R/2] = 1/θ_i
+    # 照 transformers 的写法，不化简成 ramp：浮点里 1-(1-r) 不一定等于 r，逐位对齐要同样的运算顺序
     keep = 1 - ramp  # 保留原频率的比例
     inv_freq = 1.0 / (factor * inv_theta) * (1 - keep) + 1.0 / inv_theta * keep
     return inv_freq, float(scaling)

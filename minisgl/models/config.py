@@ -42,6 +42,10 @@ class ModelConfig:
                 raise ValueError(f"config.json has {name}={value!r}; minisgl supports silu MLPs without biases")
         if not getattr(hf, "architectures", None):
             raise ValueError("config.json has no 'architectures': cannot tell which model class to build")
+        if getattr(hf, "mlp_only_layers", None) or getattr(hf, "decoder_sparse_step", 1) != 1:
+            raise ValueError(f"config.json has mlp_only_layers={getattr(hf, 'mlp_only_layers', None)} and "
+                             f"decoder_sparse_step={getattr(hf, 'decoder_sparse_step', 1)}; minisgl supports MoE "
+                             "models whose every layer is MoE")
         theta, scaling = _rope_params(hf)
         return cls(
             architecture=hf.architectures[0],

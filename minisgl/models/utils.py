@@ -138,9 +138,11 @@ class BaseLLMModel(BaseOP):
 def greedy_generate(model: BaseLLMModel, prompt_ids: List[int], max_new_tokens: int,
                     stop_token_ids: Sequence[int] = ()) -> List[int]:
     """贪心解码一条序列，返回新生成的 token（生成了停止 token 就停下，它也在结果里）。"""
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: the model needs at least one token to start from")
     weight = model.model.embed_tokens.weight  # 缓存跟模型在同一设备、同一 dtype
     kv_cache = SimpleKVCache(model.config, len(prompt_ids) + max_new_tokens, weight.device, weight.dtype)
-    input_ids = torch.tensor(prompt_ids, device=weight.device)  # [T]
+    input_ids = torch.tensor(prompt_ids, dtype=torch.long, device=weight.device)  # [T]
     positions = torch.arange(len(prompt_ids), device=weight.device)  # [T]
     output: List[int] = []
     for _ in range(max_new_tokens):
@@ -149,6 +151,6 @@ def greedy_generate(model: BaseLLMModel, prompt_ids: List[int], max_new_tokens: 
         output.append(next_id)
         if next_id in stop_token_ids:
             break
-        input_ids = torch.tensor([next_id], device=weight.device)  # [1]
+        input_ids = torch.tensor([next_id], dtype=torch.long, device=weight.device)  # [1]
         positions = positions[-1:] + 1  # [1]
     return output

@@ -82,15 +82,21 @@ def merge_weights(tensors: Iterator[Tuple[str, torch.Tensor]]) -> Iterator[Tuple
         raise ValueError(f"the checkpoint has only some parts of {sorted(pending)}")
 
 
+def checkpoint_tensors(model: BaseLLMModel, model_path: Path | str) -> Iterator[Tuple[str, torch.Tensor]]:
+    """检查点 → (模型里的参数名, 张量) 的流：逐个读、合并。第 4、5 章在这条流水线上加专家堆叠和 TP 切分。"""
+    return merge_weights(read_checkpoint(model_path))
+
+
 def load_weight(model: BaseLLMModel, model_path: Path | str) -> None:
-    """把检查点流式装进 model：逐个读、切出本 rank 的一份、合并、堆叠专家，再拷进模型已分配的参数。"""
+    """把检查点流式装进 model：checkpoint_tensors 逐个交出张量，拷进模型已分配的参数（转成参数的 dtype 和 device）。"""
     params = model.state_dict()
+    if any(t.is_meta for t in params.values()):  # meta 张量的 copy_ 什么也不做，也不报错
+        raise ValueError(f"{type(model).__name__} was built on the meta device; build it inside "
+                         "`with torch.device(...)` on a real device before load_weight")
     loaded = set()
-    config, tp_info = model.config, get_tp_info()
-    shards = ((name, shard_weight(name, t, config, tp_info)) for name, t in read_checkpoint(model_path))
-    for name, tensor in stack_experts(merge_weights(shards), config.num_experts):
+    for name, tensor in checkpoint_tensors(model, model_path):
         if name not in params:
-            if name.endswith(_SKIPPED_SUFFIXES) or (name.startswith("lm_head.") and config.tie_word_embeddings):
+            if name.endswith(_SKIPPED_SUFFIXES) or (name.startswith("lm_head.") and model.config.tie_word_embeddings):
                 continue  # 共享词嵌入的模型没有自己的 lm_head
             raise KeyError(f"{model_path}: the checkpoint has {name!r}, which {type(model).__name__} does not have")
         if tensor.shape != params[name].shape:
@@ -125,6 +131,13 @@ def stack_experts(tensors: Iterator[Tuple[str, torch.Tensor]],
         raise ValueError(f"the checkpoint has only some experts of {sorted(pending)}")
 
 
+def checkpoint_tensors(model: BaseLLMModel, model_path: Path | str) -> Iterator[Tuple[str, torch.Tensor]]:
+    """检查点 → (模型里的参数名, 张量) 的流：逐个读、切出本 rank 的一份、合并、堆叠专家。"""
+    config, tp_info = model.config, get_tp_info()
+    shards = ((name, shard_weight(name, t, config, tp_info)) for name, t in read_checkpoint(model_path))
+    return stack_experts(merge_weights(shards), config.num_experts)
+
+
 _COLUMN = {"gate_proj", "up_proj"}  # 按输出维（行）切，专家的也一样
 _ROW = {"o_proj", "down_proj"}  # 按输入维（列）切
 _VOCAB = {"embed_tokens", "lm_head"}  # 按词表切，补齐到 ceil(V/tp) 行
@@ -138,16 +151,18 @@ def shard_weight(name: str, tensor: torch.Tensor, config: ModelConfig,
     parts, D = set(name.split(".")), config.head_dim
     if "q_proj" in parts:
         start, end = shard_range(config.num_qo_heads, tp_info, "num_attention_heads")
-        return tensor[start * D:end * D]  # [H/tp·D, E]
+        return tensor[start * D:end * D].clone()  # [H/tp·D, E]
     if parts & {"k_proj", "v_proj"}:
         start, end = kv_head_range(config.num_kv_heads, tp_info)
-        return tensor[start * D:end * D]  # [Hkv/tp·D, E]
+        return tensor[start * D:end * D].clone()  # [Hkv/tp·D, E]
     if parts & _COLUMN:
         start, end = shard_range(tensor.shape[0], tp_info, name)
-        return tensor[start:end]  # [I/tp, E]
+        return tensor[start:end].clone()  # [I/tp, E]
     if parts & _ROW:
+        if tensor.dim() == 1:  # 行并行层的偏置不切：每个 rank 一份完整的，all-reduce 之后只加一次
+            return tensor
         start, end = shard_range(tensor.shape[1], tp_info, name)
-        return tensor[:, start:end]  # [E, I/tp]
+        return tensor[:, start:end].clone()  # [E, I/tp]
     if parts & _VOCAB:
         start, end = vocab_range(config.vocab_size, tp_info)
         out = tensor.new_zeros(div_ceil(config.vocab_size, tp_info.size), tensor.shape[1])  # [V/tp, E]

@@ -45,8 +45,7 @@ class _Formatter(logging.Formatter):
         level = record.levelname
         if self.color:
             level = f"{_COLORS.get(level, '')}{level}\033[0m"
-        name = getattr(record, "suffix", None) or record.name
-        return f"[{stamp}{where}] {level} {name}: {record.getMessage()}"
+        return f"[{stamp}{where}] {level} {record.name}: {record.getMessage()}"
 
 
 class _StdoutHandler(logging.StreamHandler):
@@ -61,14 +60,14 @@ class _StdoutHandler(logging.StreamHandler):
         pass
 
 
-def init_logger(name: str, suffix: str = "") -> MiniLogger:
-    """每个模块一个：logger = init_logger(__name__)。suffix 替换显示的名字（比如"initializer"）。"""
+def init_logger(name: str) -> MiniLogger:
+    """每个模块一个：logger = init_logger(__name__)。"""
     from minisgl.env import load_env
 
     old = logging.getLoggerClass()
     logging.setLoggerClass(MiniLogger)
     try:
-        logger = logging.getLogger(f"{name}.{suffix}" if suffix else name)
+        logger = logging.getLogger(name)
     finally:
         logging.setLoggerClass(old)
     assert isinstance(logger, MiniLogger), f"logger {name!r} was created elsewhere as {type(logger)}"

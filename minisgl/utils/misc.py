@@ -14,5 +14,5 @@ def align_down(a: int, b: int) -> int:
     return a // b * b
 
 
-def align_up(a: int, b: int) -> int:
+def align_ceil(a: int, b: int) -> int:
     return div_ceil(a, b) * b
