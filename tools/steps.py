@@ -371,7 +371,7 @@ def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
                 continue
             run = nbformat.v4.new_notebook(cells=[nb.cells[i] for i in keep], metadata=nb.metadata)
         t0 = time.time()
-        client = NotebookClient(run, timeout=timeout, kernel_name="python3",
+        client = NotebookClient(run, timeout=timeout, kernel_name="python3", record_timing=False,
                                 resources={"metadata": {"path": str(path.parent)}},
                                 skip_cells_with_tag="none" if has_gpu else "gpu")
         try:
