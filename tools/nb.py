@@ -69,8 +69,10 @@ def to_notebook(md: Path) -> Path:
             cell = nbformat.v4.new_raw_cell(c.source)
         cells.append(cell)
     nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = KERNEL
-    nb.metadata["language_info"] = {"name": "python"}
+    if old is not None:  # 执行时记下的 language_info 等元数据照旧保留，diff 才干净
+        nb.metadata = old.metadata
+    nb.metadata.setdefault("kernelspec", KERNEL)
+    nb.metadata.setdefault("language_info", {"name": "python"})
     nbformat.validate(nb)
     CHAPTERS.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, target)
