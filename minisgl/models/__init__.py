@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch03_models.ipynb and ch04_moe.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch04_moe.ipynb and ch06_kvcache.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from typing import Type
@@ -9,7 +9,7 @@ from .config import ModelConfig
 from .llama import LlamaForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
-from .utils import BaseLLMModel, SimpleKVCache, greedy_generate
+from .utils import BaseLLMModel
 from .weight import load_weight
 
 
@@ -24,4 +24,4 @@ def create_model(config: ModelConfig) -> BaseLLMModel:
     return MODELS.get(config.architecture)(config)
 
 
-__all__ = ["MODELS", "BaseLLMModel", "ModelConfig", "SimpleKVCache", "create_model", "greedy_generate", "load_weight"]
+__all__ = ["MODELS", "BaseLLMModel", "ModelConfig", "create_model", "load_weight"]

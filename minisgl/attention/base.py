@@ -1,0 +1,31 @@
+# Tangled from book/chapters/ch06_kvcache.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch
+
+# T = 本批 token 数，B = 请求数，H/Hkv = 本 rank 的 q/kv 头数，D = head_dim，L = 批里最长的上下文
+
+
+class BaseAttnMetadata:
+    """一批的注意力元数据；last_indices 是每个请求最后一个 token 在 [T] 里的下标（LM head 只算这些行）。"""
+
+    last_indices: torch.Tensor  # [B] int64，设备上
+
+
+class BaseAttnBackend(ABC):
+    """paged 注意力：prepare_metadata 每批一次，forward 每层一次。"""
+
+    @abstractmethod
+    def prepare_metadata(self, batch: Batch) -> None:
+        """在 batch.prepare() 之后调用，设置 batch.attn_metadata。"""
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                batch: Batch) -> torch.Tensor:
+        """q: [T, H, D]，k/v: [T, Hkv, D]（这一批的新 token）→ [T, H, D]。先把 k/v 写进池子的 out_loc。"""

@@ -1,0 +1,166 @@
+# Tangled from book/chapters/ch06_kvcache.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, List, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from minisgl.attention import BaseAttnBackend, BaseAttnMetadata
+    from minisgl.kvcache import BaseKVCachePool
+    from minisgl.moe import BaseMoeBackend
+
+# T = 这一批的 token 数，B = 请求数，R = 请求槽数（页表的行），S = 每个请求最多的 token 数（页表的列）
+
+
+@dataclass
+class SamplingParams:
+    """一个请求怎样采样、最多生成多少；字段名与 upstream 和 OpenAI 接口一致。"""
+
+    temperature: float = 0.0  # 0 表示贪心
+    top_k: int = -1  # -1 表示不限
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    max_tokens: int = 1024
+    seed: int | None = None  # 给了 seed：这个请求单独跑、或混在任何批里，采样出的 token 都一样
+    stop_token_ids: List[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        checks = {"temperature": (self.temperature >= 0, "must be >= 0 (0 means greedy)"),
+                  "top_k": (self.top_k == -1 or self.top_k >= 1, "must be -1 (off) or >= 1"),
+                  "top_p": (0 < self.top_p <= 1, "must be in (0, 1]"),
+                  "max_tokens": (self.max_tokens >= 1, "must be >= 1"),
+                  "seed": (self.seed is None or 0 <= self.seed < 2**63, "must be a non-negative integer")}
+        for name, (ok, rule) in checks.items():
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} {rule}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(eq=False)
+class Req:
+    """一个请求在引擎里的状态。input_ids 在 CPU 上：提示词加上已经生成的 token。"""
+
+    input_ids: torch.Tensor  # [L] int32，CPU
+    table_idx: int  # 占用页表的第几行（请求槽）
+    cached_len: int  # 前 cached_len 个 token 的 K/V 已经在 KV 池里
+    output_len: int  # 最多再生成多少个 token
+    uid: int
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        self.device_len = len(self.input_ids)  # 这一步前向之后，KV 池里有前 device_len 个 token
+        self.max_device_len = len(self.input_ids) + self.output_len
+        assert 0 <= self.cached_len < self.device_len, f"{self.uid=} {self.cached_len=} {self.device_len=}"
+
+    @property
+    def extend_len(self) -> int:
+        """这一步要送进模型的 token 数：prefill 时是未缓存的部分，decode 时是 1。"""
+        return self.device_len - self.cached_len
+
+    @property
+    def remain_len(self) -> int:
+        return self.max_device_len - self.device_len
+
+    def complete_one(self) -> None:
+        """一步前向做完：送进去的 token 都有了 K/V；新采样的 token 将在下一步送进去。"""
+        self.cached_len = self.device_len
+        self.device_len += 1
+
+    def append_host(self, token: int) -> None:
+        self.input_ids = torch.cat([self.input_ids, torch.tensor([token], dtype=torch.int32)])
+
+
+@dataclass
+class Batch:
+    """一步前向要算的一组请求。prepare() 之后，张量都在页表所在的设备上。"""
+
+    reqs: List[Req]
+    phase: Literal["prefill", "decode"]
+    input_ids: torch.Tensor = field(init=False)  # [T] int32
+    positions: torch.Tensor = field(init=False)  # [T] int32：每个 token 在自己请求里的位置
+    out_loc: torch.Tensor = field(init=False)  # [T] int32：每个 token 的 K/V 写到池子的哪个槽
+    attn_metadata: BaseAttnMetadata = field(init=False)  # 注意力后端的 prepare_metadata 填
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"
+
+    def prepare(self, page_table: torch.Tensor) -> None:
+        """在 CPU 上拼好 input_ids 和 positions，一次拷到设备上；再从页表查出每个 token 的槽号。"""
+        assert self.reqs and all(r.extend_len > 0 for r in self.reqs), "empty batch or request"
+        assert not self.is_decode or all(r.extend_len == 1 for r in self.reqs), "decode is one token each"
+        ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in self.reqs])  # [T]
+        pos = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in self.reqs])  # [T]
+        rows = torch.cat([torch.full((r.extend_len,), r.table_idx, dtype=torch.int32) for r in self.reqs])  # [T]
+        host = torch.stack([ids, pos, rows])  # [3, T] int32：一次拷贝
+        dev = page_table.device
+        if dev.type == "cuda":
+            host = host.pin_memory()
+        self.input_ids, self.positions, rows = host.to(dev, non_blocking=True).unbind(0)
+        self.out_loc = page_table[rows, self.positions]  # [T]
+
+
+@dataclass
+class Context:
+    """每个进程一个：KV 池、页表、注意力和 MoE 后端，以及正在前向的批。"""
+
+    page_size: int
+    page_table: torch.Tensor  # [R, S] int32：第 r 个请求槽第 s 个 token 的 K/V 在池子的哪个槽
+    kv_cache: BaseKVCachePool
+    attn_backend: BaseAttnBackend
+    moe_backend: BaseMoeBackend | None = None
+    _batch: Batch | None = field(default=None, repr=False)
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            raise RuntimeError("no batch is being run: call the model inside `with ctx.forward_batch(batch):`")
+        return self._batch
+
+    @contextmanager
+    def forward_batch(self, batch: Batch) -> Iterator[None]:
+        assert self._batch is None, "forward_batch is not re-entrant"
+        self._batch = batch
+        try:
+            yield
+        finally:
+            self._batch = None
+
+
+_CTX: Context | None = None
+
+
+def set_global_ctx(ctx: Context | None) -> None:
+    global _CTX
+    _CTX = ctx
+
+
+def get_global_ctx() -> Context:
+    if _CTX is None:
+        raise RuntimeError("no Context set: build an Engine first, or wrap the code in `with use_ctx(ctx):`")
+    return _CTX
+
+
+@contextmanager
+def use_ctx(ctx: Context) -> Iterator[Context]:
+    """测试和笔记本里用：装上 ctx，退出时恢复原来的那个。"""
+    old = _CTX
+    set_global_ctx(ctx)
+    try:
+        yield ctx
+    finally:
+        set_global_ctx(old)
