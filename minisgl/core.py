@@ -86,10 +86,18 @@ class Batch:
     positions: torch.Tensor = field(init=False)  # [T] int32：每个 token 在自己请求里的位置
     out_loc: torch.Tensor = field(init=False)  # [T] int32：每个 token 的 K/V 写到池子的哪个槽
     attn_metadata: BaseAttnMetadata = field(init=False)  # 注意力后端的 prepare_metadata 填
+    padded_reqs: List[Req] = field(init=False)  # reqs，加上第 8 章为 CUDA Graph 补齐的假请求
+
+    def __post_init__(self) -> None:
+        self.padded_reqs = self.reqs
 
     @property
     def size(self) -> int:
         return len(self.reqs)
+
+    @property
+    def padded_size(self) -> int:
+        return len(self.padded_reqs)
 
     @property
     def is_prefill(self) -> bool:
@@ -101,11 +109,12 @@ class Batch:
 
     def prepare(self, page_table: torch.Tensor) -> None:
         """在 CPU 上拼好 input_ids 和 positions，一次拷到设备上；再从页表查出每个 token 的槽号。"""
-        assert self.reqs and all(r.extend_len > 0 for r in self.reqs), "empty batch or request"
-        assert not self.is_decode or all(r.extend_len == 1 for r in self.reqs), "decode is one token each"
-        ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in self.reqs])  # [T]
-        pos = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in self.reqs])  # [T]
-        rows = torch.cat([torch.full((r.extend_len,), r.table_idx, dtype=torch.int32) for r in self.reqs])  # [T]
+        reqs = self.padded_reqs
+        assert reqs and all(r.extend_len > 0 for r in reqs), "empty batch or request"
+        assert not self.is_decode or all(r.extend_len == 1 for r in reqs), "decode is one token each"
+        ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])  # [T]
+        pos = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])  # [T]
+        rows = torch.cat([torch.full((r.extend_len,), r.table_idx, dtype=torch.int32) for r in reqs])  # [T]
         host = torch.stack([ids, pos, rows])  # [3, T] int32：一次拷贝
         dev = page_table.device
         if dev.type == "cuda":

@@ -29,3 +29,13 @@ class BaseAttnBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch) -> torch.Tensor:
         """q: [T, H, D]，k/v: [T, Hkv, D]（这一批的新 token）→ [T, H, D]。先把 k/v 写进池子的 out_loc。"""
+
+    # 下面两个给第 8 章的 CUDA Graph 用：decode 的元数据要写进地址固定的缓冲区
+    supports_cuda_graph: bool = False
+
+    def init_capture_graph(self, max_bs: int, max_seq_len: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in a CUDA graph")
+
+    def prepare_for_graph(self, batch: Batch) -> None:
+        """录制和回放 decode 之前调用（代替 prepare_metadata）：元数据写进 init_capture_graph 分配的缓冲区。"""
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in a CUDA graph")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 import torch
 
@@ -11,7 +11,7 @@ from minisgl.kvcache import BaseKVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
-    from minisgl.core import Batch
+    from minisgl.core import Batch, Req
 
 # T = 本批 token 数，B = 请求数，H/Hkv = q/kv 头数，D = head_dim，N = 本批所有请求的上下文长度之和
 
@@ -37,34 +37,61 @@ class FlashInferBackend(BaseAttnBackend):
         # decode 用张量核心的路径：GQA 时比 CUDA core 的路径快约 11%（perf-notes，H200）
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
                                                                            use_tensor_cores=True)
+        self.graph_wrappers: Dict[int, Any] = {}  # 批大小 → 录 CUDA Graph 用的 decode wrapper
 
-    def _kv_indices(self, batch: Batch, seq_lens: List[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    supports_cuda_graph = True
+
+    def init_capture_graph(self, max_bs: int, max_seq_len: int) -> None:
+        """decode 的 indptr / indices / last_page_len 缓冲区：一次分配，所有批大小共用，地址从此不变。"""
+        dev = self.device
+        self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+        self._graph_indices = torch.zeros(max_bs * max_seq_len, dtype=torch.int32, device=dev)
+        self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
+
+    def prepare_for_graph(self, batch: Batch) -> None:
+        import flashinfer
+
+        bs = batch.padded_size
+        if bs not in self.graph_wrappers:
+            self.graph_wrappers[bs] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+                paged_kv_indptr_buffer=self._graph_indptr[:bs + 1], paged_kv_indices_buffer=self._graph_indices,
+                paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs])
+        self._plan_decode(batch, self.graph_wrappers[bs])
+
+    def _kv_indices(self, reqs: List[Req]) -> Tuple[torch.Tensor, torch.Tensor]:
         """(kv_indptr [B+1] int32 CPU, kv_indices [N] int32 设备上)：每个请求的全部槽号首尾相接。"""
-        indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
+        seq_lens = [r.device_len for r in reqs]
+        indptr = torch.zeros(len(reqs) + 1, dtype=torch.int32)
         indptr[1:] = torch.tensor(seq_lens).cumsum(0)
         total = int(indptr[-1])
-        host = torch.tensor([[r.table_idx for r in batch.reqs], seq_lens, indptr[:-1].tolist()])  # [3, B]
+        host = torch.tensor([[r.table_idx for r in reqs], seq_lens, indptr[:-1].tolist()])  # [3, B]
         rows, lens, starts = host.to(self.device, non_blocking=True).unbind(0)
         row_of = torch.repeat_interleave(rows, lens, output_size=total)  # [N]
         col_of = torch.arange(total, device=self.device) - torch.repeat_interleave(starts, lens, output_size=total)
         return indptr, self.page_table[row_of, col_of]  # [N] int32
 
     def prepare_metadata(self, batch: Batch) -> None:
-        seq_lens = [r.device_len for r in batch.reqs]
-        indptr, indices = self._kv_indices(batch, seq_lens)
-        last_page_len = torch.ones(batch.size, dtype=torch.int32)  # page_size=1：每页都是满的
+        reqs = batch.padded_reqs
+        if batch.is_decode:
+            return self._plan_decode(batch, self.decode_wrapper)
+        indptr, indices = self._kv_indices(reqs)
+        last_page_len = torch.ones(len(reqs), dtype=torch.int32)  # page_size=1：每页都是满的
         dtype = self.kv_cache.dtype
-        qo_indptr = torch.zeros(batch.size + 1, dtype=torch.int32)
-        qo_indptr[1:] = torch.tensor([r.extend_len for r in batch.reqs]).cumsum(0)
-        if batch.is_prefill:
-            wrapper = self.prefill_wrapper
-            wrapper.plan(qo_indptr, indptr, indices, last_page_len, self.num_qo_heads, self.num_kv_heads,
-                         self.head_dim, 1, causal=True, q_data_type=dtype, kv_data_type=dtype)
-        else:
-            wrapper = self.decode_wrapper
-            wrapper.plan(indptr, indices, last_page_len, self.num_qo_heads, self.num_kv_heads, self.head_dim, 1,
-                         q_data_type=dtype, kv_data_type=dtype)
+        qo_indptr = torch.zeros(len(reqs) + 1, dtype=torch.int32)
+        qo_indptr[1:] = torch.tensor([r.extend_len for r in reqs]).cumsum(0)
+        self.prefill_wrapper.plan(qo_indptr, indptr, indices, last_page_len, self.num_qo_heads, self.num_kv_heads,
+                                  self.head_dim, 1, causal=True, q_data_type=dtype, kv_data_type=dtype)
         last = (qo_indptr[1:] - 1).to(self.device, non_blocking=True).long()  # [B]
+        batch.attn_metadata = FlashInferMetadata(last_indices=last, wrapper=self.prefill_wrapper)
+
+    def _plan_decode(self, batch: Batch, wrapper: Any) -> None:
+        indptr, indices = self._kv_indices(batch.padded_reqs)
+        last_page_len = torch.ones(batch.padded_size, dtype=torch.int32)
+        dtype = self.kv_cache.dtype
+        wrapper.plan(indptr, indices, last_page_len, self.num_qo_heads, self.num_kv_heads, self.head_dim, 1,
+                     q_data_type=dtype, kv_data_type=dtype)
+        last = torch.arange(batch.padded_size, device=self.device)  # decode：每个 token 都是最后一个
         batch.attn_metadata = FlashInferMetadata(last_indices=last, wrapper=wrapper)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,

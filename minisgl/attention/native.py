@@ -34,12 +34,13 @@ class NativeAttnBackend(BaseAttnBackend):
         self.page_table = page_table  # [R, S] int32
 
     def prepare_metadata(self, batch: Batch) -> None:
-        seq_lens = [r.device_len for r in batch.reqs]
+        reqs = batch.padded_reqs
+        seq_lens = [r.device_len for r in reqs]
         cu = [0]
-        for r in batch.reqs:
+        for r in reqs:
             cu.append(cu[-1] + r.extend_len)
         dev = self.page_table.device
-        host = torch.tensor([[r.table_idx, r.device_len, c - 1] for r, c in zip(batch.reqs, cu[1:])])  # [B, 3]
+        host = torch.tensor([[r.table_idx, r.device_len, c - 1] for r, c in zip(reqs, cu[1:])])  # [B, 3]
         rows, lens, last = host.to(dev, non_blocking=True).unbind(1)  # [B] ×3
         L = max(seq_lens)
         batch.attn_metadata = NativeAttnMetadata(

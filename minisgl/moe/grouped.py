@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch04_moe.ipynb and ch05_tensor_parallel.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch04_moe.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -7,6 +7,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from minisgl.core import get_global_ctx
 from minisgl.distributed import all_reduce, get_tp_info, shard_range
 from minisgl.layers import BaseOP
 
@@ -60,19 +61,20 @@ class GroupedMoe(BaseMoeBackend):
 
 
 class MoELayer(BaseOP):
-    """一层的全部专家：gate_up_proj [E, 2I/tp, H]、down_proj [E, H, I/tp]。路由 logits 由调用方算好传入。"""
+    """一层的全部专家：gate_up_proj [E, 2I/tp, H]、down_proj [E, H, I/tp]。计算交给 Context 里的 MoE 后端。"""
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool, backend: BaseMoeBackend) -> None:
+                 renormalize: bool) -> None:
         tp = get_tp_info()
         start, end = shard_range(intermediate_size, tp, "moe_intermediate_size")
         self.gate_up_proj = torch.empty(num_experts, 2 * (end - start), hidden_size)  # [E, 2I/tp, H]
         self.down_proj = torch.empty(num_experts, hidden_size, end - start)  # [E, H, I/tp]
         self._top_k = top_k
         self._renormalize = renormalize
-        self._backend = backend
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        y = self._backend.forward(x, self.gate_up_proj, self.down_proj, router_logits,
-                                  self._top_k, self._renormalize)  # [T, H]：本 rank 的部分和
+        backend = get_global_ctx().moe_backend
+        assert backend is not None, "the engine creates a MoE backend for MoE models"
+        y = backend.forward(x, self.gate_up_proj, self.down_proj, router_logits, self._top_k,
+                            self._renormalize)  # [T, H]：本 rank 的部分和
         return all_reduce(y)

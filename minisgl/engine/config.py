@@ -1,0 +1,44 @@
+# Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minisgl.distributed import DistributedInfo
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """一个 TP rank 上的引擎需要知道的一切。字段名与 upstream 相同，flag 是第 15 章命令行里的名字。"""
+
+    model_path: str | Path
+    tp_info: DistributedInfo = field(default_factory=lambda: DistributedInfo(0, 1))
+    dtype: str = "auto"  # auto：GPU 上 bfloat16，CPU 上 float32
+    device: str = "auto"  # auto：有 CUDA 用 cuda，否则 cpu
+    page_size: int = 1
+    num_pages: int | None = None  # None：GPU 上按 memory_ratio，CPU 上按 cpu_kv_memory_mb
+    memory_ratio: float = 0.9  # GPU 上权重 + KV 池最多占总显存的比例
+    cpu_kv_memory_mb: int = 2048
+    max_running_req: int = 256
+    max_seq_len_override: int | None = None
+    attention_backend: str = "auto"  # auto：GPU 上 fi（装了 flashinfer 时），否则 torch
+    moe_backend: str = "auto"
+    cuda_graph_max_bs: int = 256  # 0：不录 CUDA Graph
+    dist_init_addr: str | None = None  # TP > 1 时各 rank 会合的地址，如 tcp://127.0.0.1:29500
+    random_seed: int | None = None  # 没给 seed 的请求用它派生的随机数；None：启动时随机选一个
+
+    def __post_init__(self) -> None:
+        checks = [("--dtype", self.dtype, self.dtype in _DTYPES, f"one of {_DTYPES}"),
+                  ("--page-size", self.page_size, self.page_size >= 1, ">= 1"),
+                  ("--num-pages", self.num_pages, self.num_pages is None or self.num_pages >= 1, ">= 1"),
+                  ("--memory-ratio", self.memory_ratio, 0 < self.memory_ratio <= 1, "in (0, 1]"),
+                  ("--cpu-kv-memory-mb", self.cpu_kv_memory_mb, self.cpu_kv_memory_mb >= 1, ">= 1"),
+                  ("--max-running-requests", self.max_running_req, self.max_running_req >= 1, ">= 1"),
+                  ("--max-seq-len-override", self.max_seq_len_override,
+                   self.max_seq_len_override is None or self.max_seq_len_override >= 2, ">= 2"),
+                  ("--cuda-graph-max-bs", self.cuda_graph_max_bs, self.cuda_graph_max_bs >= 0, ">= 0")]
+        for flag, value, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"{flag} {value!r} is invalid: it must be {rule}")

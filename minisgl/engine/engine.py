@@ -1,0 +1,163 @@
+# Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from minisgl.attention import create_attention_backend
+from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.distributed import get_tp_info, init_distributed, kv_head_range, set_tp_info
+from minisgl.kvcache import MHAKVCache
+from minisgl.models import ModelConfig, create_model, load_weight
+from minisgl.moe import create_moe_backend
+from minisgl.utils import align_ceil, div_ceil, init_logger, parse_dtype, pick_device, torch_dtype
+from minisgl.utils.hf import load_hf_config
+
+from .config import EngineConfig
+from .graph import GraphRunner
+from .sample import BatchSamplingArgs, Sampler
+
+logger = init_logger(__name__)
+
+
+class ForwardOutput(NamedTuple):
+    next_tokens_gpu: torch.Tensor  # [B] int32，在设备上（第 11 章的重叠调度直接用它）
+    next_tokens_cpu: torch.Tensor  # [B] int32，CPU；GPU 上要等 copy_done_event 之后才能读
+    copy_done_event: torch.cuda.Event | None  # CPU 上是 None：拷贝是同步的
+
+
+class Engine:
+    """一个 TP rank 上的模型执行者：建模型、定 KV 池、建 Context；prepare_batch + forward_batch 跑一步。"""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        tp = config.tp_info
+        set_tp_info(tp.rank, tp.size)
+        self.device = _pick_device(config.device, tp.rank)
+        self.dtype = (torch.bfloat16 if self.device.type == "cuda" else torch.float32) if config.dtype == "auto" \
+            else parse_dtype(config.dtype)
+        if tp.size > 1:
+            if config.dist_init_addr is None:
+                raise ValueError(f"--tp {tp.size} needs a rendezvous address (dist_init_addr) for the ranks")
+            init_distributed(tp, self.device, config.dist_init_addr)
+        self.model_config = ModelConfig.from_hf(load_hf_config(config.model_path))
+        with torch.device(self.device), torch_dtype(self.dtype):
+            self.model = create_model(self.model_config)
+        load_weight(self.model, config.model_path)
+
+        mc = self.model_config
+        limit = mc.max_position_embeddings
+        self.max_seq_len = min(config.max_seq_len_override or limit, limit)
+        kv_start, kv_end = kv_head_range(mc.num_kv_heads, get_tp_info())
+        self.num_pages = self._determine_num_pages(kv_end - kv_start)
+        # 多分配一页给 CUDA Graph 补齐用的假请求：它们的 K/V 写进这一页，不会碰到真请求的槽
+        self.kv_cache = MHAKVCache(mc.num_layers, self.num_pages + 1, config.page_size, kv_end - kv_start,
+                                   mc.head_dim, self.dtype, self.device)
+        self.dummy_slot = self.num_pages * config.page_size
+        self.page_table = torch.zeros(config.max_running_req + 1, align_ceil(self.max_seq_len, config.page_size),
+                                      dtype=torch.int32, device=self.device)  # 最后一行留给假请求
+        self.page_table[-1].fill_(self.dummy_slot)
+        attn = _resolve_attention(config.attention_backend, self.device)
+        attn_backend = create_attention_backend(attn, self.kv_cache, self.page_table,
+                                                mc.num_qo_heads // tp.size)
+        moe_backend = create_moe_backend("torch" if config.moe_backend == "auto" else config.moe_backend) \
+            if mc.is_moe else None
+        self.ctx = Context(config.page_size, self.page_table, self.kv_cache, attn_backend, moe_backend)
+        set_global_ctx(self.ctx)
+        self.sampler = Sampler(self.device, mc.vocab_size, self._random_seed())
+        self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
+        logger.info_rank0(f"engine: {mc.architecture} {self.dtype} on {self.device}, attention {attn}, "
+                          f"KV pool {self.num_pages} pages x {config.page_size} tokens "
+                          f"({self.kv_cache.nbytes / 2**20:.0f} MiB), max_seq_len {self.max_seq_len}")
+
+    def prepare_batch(self, batch: Batch) -> None:
+        """补齐（能用 CUDA Graph 时）、把输入拷到设备上、准备注意力的元数据。"""
+        if self.graph_runner.can_use(batch):
+            self.graph_runner.pad(batch)
+            batch.prepare(self.page_table)
+            self.ctx.attn_backend.prepare_for_graph(batch)
+        else:
+            batch.prepare(self.page_table)
+            self.ctx.attn_backend.prepare_metadata(batch)
+
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        """前向一批、采样；每个请求 complete_one()。返回的 token 在 GPU 上是异步拷回 CPU 的。"""
+        with self.ctx.forward_batch(batch):
+            if self.graph_runner.can_use(batch):
+                logits = self.graph_runner.replay(batch)  # [padded B, V]
+            else:
+                logits = self.model.forward(batch.input_ids, batch.positions)  # [B, V]
+        next_tokens = self.sampler.sample(logits[:batch.size], args)  # [B] int32
+        for req in batch.reqs:
+            req.complete_one()
+        if self.device.type != "cuda":
+            return ForwardOutput(next_tokens, next_tokens, None)
+        host = torch.empty(batch.size, dtype=torch.int32, pin_memory=True)
+        host.copy_(next_tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return ForwardOutput(next_tokens, host, event)
+
+    def shutdown(self) -> None:
+        set_global_ctx(None)
+        if get_tp_info().size > 1:
+            torch.distributed.destroy_process_group()
+
+
+    def _determine_num_pages(self, local_kv_heads: int) -> int:
+        cfg, mc = self.config, self.model_config
+        page_bytes = 2 * mc.num_layers * local_kv_heads * mc.head_dim * cfg.page_size * self.dtype.itemsize
+        if cfg.num_pages is not None:
+            num_pages, source = cfg.num_pages, f"--num-pages {cfg.num_pages}"
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - (1 - cfg.memory_ratio) * total  # 留出 (1 - ratio) 给激活和 CUDA Graph
+            num_pages, source = max(int(budget // page_bytes), 0), f"--memory-ratio {cfg.memory_ratio}"
+            if get_tp_info().size > 1:  # 各 rank 的页数必须一样：取最小
+                n = torch.tensor([num_pages], device=self.device)
+                torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
+                num_pages = int(n)
+        else:
+            num_pages = cfg.cpu_kv_memory_mb * 2**20 // page_bytes
+            source = f"--cpu-kv-memory-mb {cfg.cpu_kv_memory_mb}"
+        need = div_ceil(self.max_seq_len, cfg.page_size)
+        if num_pages < need:
+            raise ValueError(f"the KV pool from {source} holds {num_pages} pages of {cfg.page_size} tokens "
+                             f"({num_pages * cfg.page_size} tokens), fewer than one request of max_seq_len "
+                             f"{self.max_seq_len}; give it more memory or lower --max-seq-len-override")
+        return num_pages
+
+    def _random_seed(self) -> int:
+        """没给 seed 的请求用它派生随机数；TP 下由 rank 0 定，广播给所有 rank。"""
+        seed = self.config.random_seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(7), "little")
+        if get_tp_info().size > 1:
+            t = torch.tensor([seed], dtype=torch.int64, device=self.device)
+            torch.distributed.broadcast(t, src=0)
+            seed = int(t)
+        return seed
+
+
+def _pick_device(name: str, rank: int) -> torch.device:
+    device = pick_device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", rank)  # 第 rank 个 GPU
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def _resolve_attention(name: str, device: torch.device) -> str:
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        try:
+            import flashinfer  # noqa: F401
+
+            return "fi"
+        except ImportError:
+            logger.warning("flashinfer is not installed: attention falls back to the torch backend")
+    return "torch"

@@ -1,0 +1,146 @@
+# Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
+"""第 8 章：Engine 的贪心输出等于 transformers；带 seed 的采样与批无关；top-k/top-p 截断等于逐行的参照实现。"""
+import random
+from typing import Dict, List
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.distributed import DistributedInfo
+from minisgl.engine import Engine, EngineConfig, graph_batch_sizes
+from minisgl.engine.sample import gumbel_noise, top_k_top_p_filter
+
+PROMPTS = [[9707, 11, 847, 829, 374], [3555, 374, 279, 6722, 315, 9625, 30, 13, 11, 847, 1879, 20, 785, 3555, 11,
+           847, 829, 374, 9707], [785], [20, 374, 279]]
+
+
+def generate(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], uids: List[int]) -> List[List[int]]:
+    """静态批：一起 prefill、一起 decode 到各自的 max_tokens；页从一个空闲列表里按需拿，结束时全部还回。"""
+    P, free = engine.config.page_size, list(range(engine.num_pages))
+    owned: Dict[int, List[int]] = {}
+    reqs = [Req(torch.tensor(p, dtype=torch.int32), i, 0, sp.max_tokens, uid, sp)
+            for i, (p, sp, uid) in enumerate(zip(prompts, params, uids))]
+    out: Dict[int, List[int]] = {r.uid: [] for r in reqs}
+    batch = Batch(reqs, "prefill")
+    with torch.inference_mode():
+        while batch.reqs:
+            for r in batch.reqs:
+                pages = owned.setdefault(r.table_idx, [])
+                while len(pages) * P < r.device_len:
+                    pages.append(free.pop(random.Random(len(free)).randrange(len(free))))  # 乱序分页
+                    start = (len(pages) - 1) * P
+                    engine.page_table[r.table_idx, start:start + P] = torch.arange(pages[-1] * P, (pages[-1] + 1) * P)
+            engine.prepare_batch(batch)
+            result = engine.forward_batch(batch, engine.sampler.prepare(batch.reqs))
+            for r, t in zip(batch.reqs, result.next_tokens_cpu.tolist()):
+                out[r.uid].append(t)
+                r.append_host(t)
+            batch = Batch([r for r in batch.reqs if r.remain_len > 0], "decode")
+    return [out[u] for u in uids]
+
+
+def hf_greedy(path, prompt: List[int], n: int, device: str = "cpu") -> List[int]:
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    return hf.generate(torch.tensor([prompt], device=device), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen3_moe", "smollm2"])
+def test_engine_greedy_matches_transformers(fixture: str, page_size: int, request) -> None:
+    path = request.getfixturevalue(fixture)
+    steps = 6 if fixture == "smollm2" else 16
+    engine = Engine(EngineConfig(path, device="cpu", page_size=page_size, num_pages=512 // page_size + 8,
+                                 max_running_req=8, max_seq_len_override=256))
+    try:
+        got = generate(engine, PROMPTS, [SamplingParams(max_tokens=steps)] * len(PROMPTS), list(range(len(PROMPTS))))
+    finally:
+        engine.shutdown()
+    for p, g in zip(PROMPTS, got):
+        assert g == hf_greedy(path, p, steps), f"prompt of {len(p)} tokens"
+
+
+def test_seeded_sampling_is_independent_of_the_batch(tiny_qwen3) -> None:
+    engine = Engine(EngineConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=8,
+                                 max_seq_len_override=128))
+    try:
+        seeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, max_tokens=12, seed=7)
+        alone = generate(engine, [PROMPTS[1]], [seeded], [100])[0]
+        others = [SamplingParams(temperature=t, max_tokens=12) for t in (0.5, 1.3)] + [SamplingParams(max_tokens=12)]
+        mixed = generate(engine, [PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[3]],
+                         [others[0], others[1], seeded, others[2]], [5, 6, 101, 7])[2]
+        assert alone == mixed
+        other_seed = generate(engine, [PROMPTS[1]], [SamplingParams(temperature=0.9, top_k=40, top_p=0.9,
+                                                                    max_tokens=12, seed=8)], [100])[0]
+        assert other_seed != alone, "a different seed should sample differently"
+    finally:
+        engine.shutdown()
+
+
+def reference_filter(row: List[float], k: int, p: float) -> List[float]:
+    """逐行、最直白的参照：排序，留前 k 个，再按归一化概率留到累计刚到 p。"""
+    order = sorted(range(len(row)), key=lambda i: -row[i])
+    kept = order[:k] if k > 0 else order
+    probs = torch.tensor([row[i] for i in kept]).softmax(-1).tolist()
+    out, acc = [], 0.0
+    for i, pr in zip(kept, probs):
+        if acc > p:
+            break
+        out.append(i)
+        acc += pr
+    return [row[i] if i in out else float("-inf") for i in range(len(row))]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_top_k_top_p_filter_matches_reference(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 50, generator=gen) * 3
+    ks = [random.Random(seed + i).choice([-1, 1, 5, 50]) for i in range(6)]
+    ps = [random.Random(seed * 7 + i).choice([1.0, 0.9, 0.5, 0.01]) for i in range(6)]
+    got = top_k_top_p_filter(logits, torch.tensor([k if k > 0 else 50 for k in ks]), torch.tensor(ps))
+    for row, k, p, g in zip(logits.tolist(), ks, ps, got.tolist()):
+        assert g == reference_filter(row, k, p)
+
+
+def test_top_k_1_is_greedy_and_gumbel_matches_softmax() -> None:
+    logits = torch.randn(8, 100)
+    kept = top_k_top_p_filter(logits, torch.ones(8, dtype=torch.int64), torch.ones(8))
+    noisy = kept + gumbel_noise(torch.arange(8), torch.full((8,), 3), 100)
+    assert torch.equal(noisy.argmax(-1), logits.argmax(-1))
+    row = torch.tensor([1.5, 0.5, 0.0, -1.0])
+    seeds = torch.arange(40000)
+    picks = (row + gumbel_noise(seeds, torch.zeros_like(seeds), 4)).argmax(-1)
+    freq = torch.bincount(picks, minlength=4) / len(seeds)
+    torch.testing.assert_close(freq, row.softmax(-1), atol=0.01, rtol=0)
+
+
+def test_config_errors_name_the_flag(tiny_qwen3) -> None:
+    with pytest.raises(ValueError, match="--page-size 0"):
+        EngineConfig(tiny_qwen3, page_size=0)
+    with pytest.raises(ValueError, match="--memory-ratio 1.5"):
+        EngineConfig(tiny_qwen3, memory_ratio=1.5)
+    with pytest.raises(ValueError, match="--num-pages 2 holds 2 pages"):
+        Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=2, page_size=16, max_seq_len_override=4096))
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16] and graph_batch_sizes(256)[-1] == 256
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_hd128", "tiny_llama_hd64"])
+def test_gpu_graph_replay_equals_eager_and_transformers(fixture: str, request) -> None:
+    pytest.importorskip("flashinfer")
+    path = request.getfixturevalue(fixture)
+    outs = {}
+    for graphs in (0, 16):
+        engine = Engine(EngineConfig(path, device="cuda", dtype="float32", attention_backend="fi", page_size=16,
+                                     num_pages=128, max_running_req=16, max_seq_len_override=512,
+                                     cuda_graph_max_bs=graphs))
+        try:
+            assert bool(engine.graph_runner.batch_sizes) == (graphs > 0)
+            outs[graphs] = generate(engine, PROMPTS, [SamplingParams(max_tokens=16)] * 4, [0, 1, 2, 3])
+        finally:
+            engine.shutdown()
+    assert outs[0] == outs[16]
+    for p, g in zip(PROMPTS, outs[16]):
+        assert g == hf_greedy(path, p, 16, "cuda")
