@@ -2,7 +2,7 @@
 from .activation import silu_and_mul
 from .base import BaseOP, OPList, StateLessOP
 from .embedding import ParallelLMHead, VocabParallelEmbedding
-from .linear import LinearColParallelMerged, LinearOProj, LinearQKVMerged, LinearReplicated, LinearRowParallel
+from .linear import LinearColParallelMerged, LinearQKVMerged, LinearReplicated, LinearRowParallel
 from .norm import RMSNorm, RMSNormFused
 from .rotary import RotaryEmbedding, get_rope
 
@@ -13,7 +13,6 @@ __all__ = [
     "LinearReplicated",
     "LinearColParallelMerged",
     "LinearQKVMerged",
-    "LinearOProj",
     "LinearRowParallel",
     "VocabParallelEmbedding",
     "ParallelLMHead",

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.distributed import get_tp_info, kv_head_range
-from minisgl.layers import (BaseOP, LinearColParallelMerged, LinearOProj, LinearQKVMerged, LinearRowParallel, OPList,
-                            ParallelLMHead, RMSNorm, RMSNormFused, VocabParallelEmbedding, get_rope, silu_and_mul)
+from minisgl.layers import (BaseOP, LinearColParallelMerged, LinearQKVMerged, LinearRowParallel, OPList, ParallelLMHead,
+                            RMSNorm, RMSNormFused, RotaryEmbedding, VocabParallelEmbedding, get_rope, silu_and_mul)
 
 from .config import ModelConfig
 
@@ -30,7 +30,7 @@ class GatedMLP(BaseOP):
 class AttentionBlock(BaseOP):
     """qkv_proj → 切成 q、k、v → （q/k norm）→ RoPE → 因果注意力 → o_proj。头数是本 rank 的（TP 下切过）。"""
 
-    def __init__(self, config: ModelConfig, layer_id: int, qk_norm: bool) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, qk_norm: bool, rotary: RotaryEmbedding) -> None:
         self.layer_id = layer_id
         self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads, config.num_kv_heads)
         self.num_qo_heads = self.qkv_proj.num_qo_heads  # H/tp
@@ -38,9 +38,8 @@ class AttentionBlock(BaseOP):
         self.head_dim = config.head_dim
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary = get_rope(config.head_dim, config.head_dim, config.max_position_embeddings, config.rope_theta,
-                               config.rope_scaling)
-        self.o_proj = LinearOProj(config.num_qo_heads * config.head_dim, config.hidden_size)
+        self._rotary = rotary  # 整个模型共用一个（下划线：只是引用）
+        self.o_proj = LinearRowParallel(config.num_qo_heads * config.head_dim, config.hidden_size)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: SimpleKVCache) -> torch.Tensor:
         H, Hkv, D = self.num_qo_heads, self.num_kv_heads, self.head_dim
@@ -48,7 +47,7 @@ class AttentionBlock(BaseOP):
         q, k, v = q.view(-1, H, D), k.view(-1, Hkv, D), v.view(-1, Hkv, D)  # [T, H, D], [T, Hkv, D] ×2
         if self.q_norm is not None and self.k_norm is not None:  # Qwen3：每个头各自归一化
             q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        q, k = self.rotary.forward(positions, q, k)
+        q, k = self._rotary.forward(positions, q, k)
         o = attention(q, k, v, positions, self.layer_id, kv_cache)  # [T, H, D]
         return self.o_proj.forward(o.reshape(-1, H * D))  # [T, E]，o_proj 里 all-reduce
 
@@ -84,8 +83,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
 class DecoderLayer(BaseOP):
     """pre-norm 解码器层：h = x + attn(norm(x))，out = h + mlp(norm(h))；残差加法并进下一个 norm。"""
 
-    def __init__(self, config: ModelConfig, layer_id: int, mlp: BaseOP, qk_norm: bool) -> None:
-        self.self_attn = AttentionBlock(config, layer_id, qk_norm)
+    def __init__(self, config: ModelConfig, layer_id: int, mlp: BaseOP, qk_norm: bool,
+                 rotary: RotaryEmbedding) -> None:
+        self.self_attn = AttentionBlock(config, layer_id, qk_norm, rotary)
         self.mlp = mlp
         self.input_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
@@ -121,7 +121,10 @@ class BaseLLMModel(BaseOP):
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
-        layers = [DecoderLayer(config, i, self.make_mlp(config, i), self.qk_norm) for i in range(config.num_layers)]
+        rotary = get_rope(config.head_dim, config.rotary_dim, config.max_position_embeddings, config.rope_theta,
+                          config.rope_scaling)  # 所有层共用一张 cos/sin 表
+        layers = [DecoderLayer(config, i, self.make_mlp(config, i), self.qk_norm, rotary)
+                  for i in range(config.num_layers)]
         self.model = DecoderModel(config, layers)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, config.tie_word_embeddings, tied)
@@ -130,8 +133,9 @@ class BaseLLMModel(BaseOP):
         return GatedMLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: SimpleKVCache) -> torch.Tensor:
-        """input_ids、positions：[T] 整数张量，和模型在同一设备 → logits：[T, V]，模型的 dtype。"""
-        return self.lm_head.forward(self.model.forward(input_ids, positions, kv_cache))
+        """input_ids、positions：[T] 整数张量，和模型在同一设备 → 最后一个 token 的 logits：[1, V]，模型的 dtype。"""
+        hidden = self.model.forward(input_ids, positions, kv_cache)  # [T, E]
+        return self.lm_head.forward(hidden[-1:])  # [1, V]：只有最后一个位置要采样
 
 
 @torch.inference_mode()
@@ -146,8 +150,8 @@ def greedy_generate(model: BaseLLMModel, prompt_ids: List[int], max_new_tokens: 
     positions = torch.arange(len(prompt_ids), device=weight.device)  # [T]
     output: List[int] = []
     for _ in range(max_new_tokens):
-        logits = model.forward(input_ids, positions, kv_cache)  # [T, V]
-        next_id = int(logits[-1].argmax())
+        logits = model.forward(input_ids, positions, kv_cache)  # [1, V]：最后一个 token 的
+        next_id = int(logits[0].argmax())
         output.append(next_id)
         if next_id in stop_token_ids:
             break
