@@ -5,10 +5,12 @@ import time
 
 import torch
 
+from minisgl.distributed import set_tp_info
 from minisgl.models import ModelConfig, create_model, greedy_generate, load_weight
 from minisgl.utils import pick_device, torch_dtype
 from minisgl.utils.hf import example_model_path, load_hf_config, load_tokenizer
 
+set_tp_info(0, 1)  # 单进程：rank 0 / 共 1 个
 path = example_model_path()
 device = pick_device("auto")
 dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -46,3 +48,6 @@ prompt_ids, out = answers["What is the capital of France?"]
 ref = hf.generate(torch.tensor([prompt_ids], device=device), max_new_tokens=len(out), do_sample=False,
                   eos_token_id=None, pad_token_id=tokenizer.eos_token_id)[0, len(prompt_ids):].tolist()
 print(f"\n第一个回答与 transformers 的贪心结果逐 token 相同: {ref == out}（{len(out)} 个 token）")
+if ref != out:
+    first = next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)
+    raise SystemExit(f"minisgl and transformers diverge at generated token {first}: {out[first]} vs {ref[first]}")

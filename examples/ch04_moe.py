@@ -8,10 +8,12 @@ import torch
 from transformers import Qwen3MoeConfig
 from transformers import Qwen3MoeForCausalLM as HFQwen3Moe
 
+from minisgl.distributed import set_tp_info
 from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
 from minisgl.moe import create_moe_backend, select_experts
 from minisgl.utils.hf import load_hf_config, load_tokenizer, qwen3_tokenizer_dir
 
+set_tp_info(0, 1)  # 单进程：rank 0 / 共 1 个
 torch.manual_seed(0)
 hf_config = Qwen3MoeConfig(vocab_size=151936, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -35,12 +37,14 @@ ids = torch.tensor(prompt)
 with torch.no_grad():
     ref = hf(ids[None]).logits[0]
 cache = SimpleKVCache(config, len(prompt), ids.device, torch.float32)
-got = model.forward(ids, torch.arange(len(prompt)), cache)
+got = model.lm_head.forward(model.model.forward(ids, torch.arange(len(prompt)), cache))  # 每个位置的 [T, V]
 print(f"提示词 {len(prompt)} 个 token；logits 与 transformers 的最大差 {(got - ref).abs().max():.2e}"
       f"（logits 本身最大 {ref.abs().max():.1f}）")
 ref_tokens = hf.generate(ids[None], max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
 our_tokens = greedy_generate(model, prompt, max_new_tokens=24)
 print(f"24 个贪心 token 逐个相同: {our_tokens == ref_tokens}；不同的 token {len(set(our_tokens))} 个")
+if our_tokens != ref_tokens:
+    raise SystemExit(f"minisgl and transformers diverge: {our_tokens} vs {ref_tokens}")
 print("随机权重的模型说的是乱码：", repr(tok.decode(our_tokens)[:40]))
 
 # 一个中等大小的 MoE 层：512 个 token，64 个专家选 8 个
@@ -76,5 +80,7 @@ for name, fn in [("逐 token 循环", per_token_loop),
 torch.set_num_threads(threads)
 diff = (outputs["逐 token 循环"] - outputs["按专家分组"]).abs().max()
 print(f"两种写法的输出最大差 {diff:.1e}（输出本身最大 {outputs['按专家分组'].abs().max():.1f}）")
+if diff > 1e-4:
+    raise SystemExit(f"the grouped MoE differs from the per-token loop by {diff:.1e}")
 counts = torch.bincount(select_experts(router, K, True)[1].flatten(), minlength=E)
 print(f"{T}×{K} 个 (token, 专家) 对分给 {E} 个专家：最少 {counts.min()}，最多 {counts.max()} 行")

@@ -1,7 +1,6 @@
 # Tangled from book/chapters/ch05_tensor_parallel.ipynb — edit the notebook, not this file.
 """第 5 章：两个进程（gloo，CPU）跑 TP=2，logits 和贪心 token 与单进程的 TP=1 相同；Qwen3 和 Qwen3-MoE。"""
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -10,7 +9,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from minisgl.distributed import free_tcp_address
+from minisgl.distributed import free_tcp_address, set_tp_info
 
 from ch05_tp_worker import run, worker  # 同目录的模块：spawn 的子进程也能按名字导入它
 
@@ -28,7 +27,8 @@ if __name__ == "__main__":  # spawn 的子进程会导入 main 模块：只有�
             model.save_pretrained(Path(tmp) / name)
             paths.append(Path(tmp) / name)
         t0 = time.perf_counter()
-        single = [run(p) for p in paths]  # 主进程没有设置 TP：rank 0 / 共 1 个
+        set_tp_info(0, 1)  # 主进程自己是 TP=1：rank 0 / 共 1 个
+        single = [run(p) for p in paths]
         t1 = time.perf_counter()
         addr = free_tcp_address()
         mp.spawn(worker, args=(2, addr, paths, f"{tmp}/tp2"), nprocs=2)
@@ -44,5 +44,5 @@ if __name__ == "__main__":  # spawn 的子进程会导入 main 模块：只有�
         print(f"  logits 最大差 {diff:.2e}（logits 最大 {ref['logits'].abs().max():.1f}）；"
               f"两个 rank 的 logits 相同 {torch.equal(got['logits'], ranks[1][i]['logits'])}")
         print(f"  16 个贪心 token 相同: {got['tokens'] == ref['tokens']}  {got['tokens'][:8]} ...")
-        if got["tokens"] != ref["tokens"]:
-            sys.exit(1)
+        if got["tokens"] != ref["tokens"] or not torch.allclose(got["logits"], ref["logits"], atol=1e-4, rtol=1e-4):
+            raise SystemExit(f"{path.name}: TP=2 differs from TP=1")

@@ -19,8 +19,8 @@ def run(path: Path) -> dict:
         model = create_model(ModelConfig.from_hf(load_hf_config(path)))
     load_weight(model, path)
     ids = torch.tensor(PROMPT)
-    logits = model.forward(ids, torch.arange(len(PROMPT)),
-                           SimpleKVCache(model.config, len(PROMPT), ids.device, torch.float32))
+    kv_cache = SimpleKVCache(model.config, len(PROMPT), ids.device, torch.float32)
+    logits = model.lm_head.forward(model.model.forward(ids, torch.arange(len(PROMPT)), kv_cache))  # [T, V]：每个位置
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()
               if k.startswith(("model.embed_tokens", "model.layers.0.self_attn.qkv", "model.layers.0.mlp"))}
     return dict(logits=logits, tokens=greedy_generate(model, PROMPT, max_new_tokens=16), shapes=shapes)

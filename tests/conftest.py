@@ -25,24 +25,30 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "lo
                "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
 
 
-def make_tiny_model(kind: str, path: Path, seed: int = 0) -> Path:
-    """一个随机初始化的小模型目录：config.json + model.safetensors（fp32）+ 真实的 Qwen3 分词器。"""
+def make_tiny_model(kind: str, path: Path, seed: int = 0, **overrides) -> Path:
+    """一个随机初始化的小模型目录：config.json + model.safetensors（fp32）+ 真实的 Qwen3 分词器。
+
+    overrides 改写 config 的字段（比如 head_dim=128）：FlashInfer 这类 GPU kernel 只接受 64/128/256 的 head_dim。
+    """
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     from minisgl.utils.hf import qwen3_tokenizer_dir
 
     if kind == "qwen3":  # head_dim 32 ≠ hidden/heads：检验显式 head_dim 的路径；共享词嵌入
-        config, cls = Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=True), Qwen3ForCausalLM
+        fields = dict(TINY, head_dim=32, tie_word_embeddings=True)
+        config_cls, cls = Qwen3Config, Qwen3ForCausalLM
     elif kind == "llama":  # llama3 的 RoPE 缩放；不共享词嵌入
-        config, cls = LlamaConfig(**TINY, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False), LlamaForCausalLM
+        fields = dict(TINY, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False)
+        config_cls, cls = LlamaConfig, LlamaForCausalLM
     elif kind == "qwen3_moe":
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-        config = Qwen3MoeConfig(**TINY, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                norm_topk_prob=True, decoder_sparse_step=1, tie_word_embeddings=False)
-        cls = Qwen3MoeForCausalLM
+        fields = dict(TINY, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      norm_topk_prob=True, decoder_sparse_step=1, tie_word_embeddings=False)
+        config_cls, cls = Qwen3MoeConfig, Qwen3MoeForCausalLM
     else:
         raise ValueError(f"unknown tiny model kind {kind!r}")
+    config = config_cls(**{**fields, **overrides})
     torch.manual_seed(seed)
     model = cls(config).to(torch.float32).eval()
     model.generation_config.eos_token_id = None  # 贪心对比时不要提前停
@@ -66,6 +72,31 @@ def tiny_llama(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_moe(tmp_path_factory) -> Path:
     return make_tiny_model("qwen3_moe", tmp_path_factory.mktemp("tiny_qwen3_moe"))
+
+
+# 同样的结构，head_dim 换成 GPU 注意力 kernel（FlashInfer）接受的 64 / 128
+@pytest.fixture(scope="session")
+def tiny_qwen3_hd128(tmp_path_factory) -> Path:
+    return make_tiny_model("qwen3", tmp_path_factory.mktemp("tiny_qwen3_hd128"), head_dim=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_hd64(tmp_path_factory) -> Path:  # hidden 256、4 个头 → head_dim 64，2 个 KV 头
+    return make_tiny_model("llama", tmp_path_factory.mktemp("tiny_llama_hd64"), hidden_size=256,
+                           num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_hd128(tmp_path_factory) -> Path:
+    return make_tiny_model("qwen3_moe", tmp_path_factory.mktemp("tiny_qwen3_moe_hd128"), head_dim=128)
+
+
+@pytest.fixture(scope="session")
+def tp1():
+    """单进程的测试：TP 位置是 rank 0 / 共 1 个。构造层和模型的测试模块写 pytestmark = usefixtures("tp1")。"""
+    from minisgl.distributed import set_tp_info
+
+    return set_tp_info(0, 1)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ import logging
 import pytest
 import torch
 
-from minisgl.distributed import DistributedInfo, get_tp_info
+from minisgl.distributed import DistributedInfo, get_tp_info, set_tp_info, try_get_tp_info
 from minisgl.env import Env
 from minisgl.utils import Registry, align_down, align_ceil, div_ceil, init_logger, parse_dtype, torch_dtype
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir, resolve_model_path
@@ -54,15 +54,34 @@ def test_misc_and_torch_utils():
         parse_dtype("fp8")
 
 
-def test_tp_info_and_rank0_logging(monkeypatch, capsys):
+def test_tp_info_must_be_set(monkeypatch):
     from minisgl.distributed import info
+    from minisgl.utils import logger as logger_module
 
-    assert get_tp_info() == DistributedInfo(0, 1)
+    monkeypatch.setattr(info, "_TP_INFO", None)  # 这个测试进程里谁都没设置过
+    monkeypatch.setattr(logger_module, "_LOG_RANK", logger_module._LOG_RANK)  # 测试结束时恢复
+    assert try_get_tp_info() is None
+    with pytest.raises(RuntimeError, match=r"call set_tp_info\(rank, size\)"):
+        get_tp_info()
+    assert set_tp_info(0, 1) == get_tp_info() == DistributedInfo(0, 1)
+    assert set_tp_info(0, 1) == DistributedInfo(0, 1)  # 同一个值可以再设
+    with pytest.raises(RuntimeError, match="cannot change it"):
+        set_tp_info(1, 2)
     with pytest.raises(ValueError):
         DistributedInfo(2, 2)
+
+
+def test_rank0_logging(monkeypatch, capsys):
+    from minisgl.distributed import info
+    from minisgl.utils import logger as logger_module
+
     logger = init_logger("minisgl.test_ch01")
+    monkeypatch.setattr(logger_module, "_LOG_RANK", logger_module._LOG_RANK)  # 测试结束时恢复
+    monkeypatch.setattr(info, "_TP_INFO", None)
+    set_tp_info(0, 1)
     logger.info_rank0("from rank zero")
-    monkeypatch.setattr(info, "_TP_INFO", DistributedInfo(1, 2))
+    monkeypatch.setattr(info, "_TP_INFO", None)
+    set_tp_info(1, 2)  # 装作第二个进程：set_tp_info 把 rank 告诉日志
     logger.info_rank0("from rank one")
     logger.info("every rank")
     out = capsys.readouterr().out

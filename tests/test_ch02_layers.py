@@ -6,11 +6,12 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from minisgl.layers import (BaseOP, LinearColParallelMerged, LinearOProj, LinearQKVMerged, LinearReplicated,
-                            LinearRowParallel, OPList, ParallelLMHead, RMSNorm, RMSNormFused, StateLessOP,
-                            VocabParallelEmbedding, get_rope, silu_and_mul)
+from minisgl.layers import (BaseOP, LinearColParallelMerged, LinearQKVMerged, LinearReplicated, LinearRowParallel,
+                            OPList, ParallelLMHead, RMSNorm, RMSNormFused, StateLessOP, VocabParallelEmbedding,
+                            get_rope, silu_and_mul)
 from minisgl.utils import torch_dtype
 
+pytestmark = pytest.mark.usefixtures("tp1")  # 单进程：第 5 章的层按 TP 位置切分
 ATOL = 1e-5
 
 
@@ -109,7 +110,7 @@ def test_merged_linears_equal_separate_ones() -> None:
     got = qkv.forward(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
     for out, ref in zip(got, (q, k, v)):
         torch.testing.assert_close(out, ref(x).detach(), atol=ATOL, rtol=0)
-    for cls in (LinearReplicated, LinearOProj, LinearRowParallel):
+    for cls in (LinearReplicated, LinearRowParallel):
         lin, ref = cls(E, 16), torch.nn.Linear(E, 16, bias=False)
         assert lin.bias is None and list(lin.state_dict()) == ["weight"]
         lin.load_state_dict({"weight": ref.weight.detach()})

@@ -9,12 +9,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from minisgl.models import MODELS, ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
+from minisgl.models import MODELS, BaseLLMModel, ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
 from minisgl.models.weight import map_weight_name, merge_weights
 from minisgl.utils import torch_dtype
 from minisgl.utils.hf import load_hf_config
 
+pytestmark = pytest.mark.usefixtures("tp1")  # 单进程
 PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 30]  # Qwen3 分词器的一句话
+
+
+def all_logits(model: BaseLLMModel, ids: torch.Tensor, positions: torch.Tensor, kv_cache: SimpleKVCache):
+    """每个位置的 logits [T, V]（model.forward 只给最后一个位置的）：和 transformers 逐位置对拍用。"""
+    return model.lm_head.forward(model.model.forward(ids, positions, kv_cache))
 
 
 def load_both(path: Path):
@@ -32,15 +38,19 @@ def first_diff(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_llama"])
-def test_tiny_models_match_transformers(fixture: str, request) -> None:
+@pytest.mark.parametrize("fixture, atol", [("tiny_qwen3", 1e-4), ("tiny_llama", 1e-4), ("tiny_llama_hd64", 1e-3)])
+def test_tiny_models_match_transformers(fixture: str, atol: float, request) -> None:
     hf, ours = load_both(request.getfixturevalue(fixture))
     ids = torch.tensor(PROMPT)
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]  # [T, V]
-    got = ours.forward(ids, torch.arange(len(PROMPT)), SimpleKVCache(ours.config, len(PROMPT), ids.device,
-                                                                      torch.float32))
-    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    kv_cache = SimpleKVCache(ours.config, len(PROMPT), ids.device, torch.float32)
+    got = all_logits(ours, ids, torch.arange(len(PROMPT)), kv_cache)  # [T, V]
+    torch.testing.assert_close(got, ref, atol=atol, rtol=1e-4)
+    kv_cache = SimpleKVCache(ours.config, len(PROMPT), ids.device, torch.float32)
+    last = ours.forward(ids, torch.arange(len(PROMPT)), kv_cache)  # forward 本身只给最后一个位置
+    assert last.shape == (1, ours.config.vocab_size)
+    torch.testing.assert_close(last, got[-1:], atol=1e-5, rtol=1e-5)  # 一行和 T 行的矩阵乘，舍入可以不同
 
     ref_tokens = hf.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(PROMPT):].tolist()
     got_tokens = greedy_generate(ours, PROMPT, max_new_tokens=32)
@@ -52,9 +62,9 @@ def test_prefill_in_chunks_equals_one_shot(tiny_llama: Path) -> None:
     """分几段 prefill（位置不从 0 开始）和一次 prefill 的 logits 相同：第 10 章的分块预填充靠的就是这一点。"""
     _, ours = load_both(tiny_llama)
     ids, T = torch.tensor(PROMPT), len(PROMPT)
-    whole = ours.forward(ids, torch.arange(T), SimpleKVCache(ours.config, T, ids.device, torch.float32))
+    whole = all_logits(ours, ids, torch.arange(T), SimpleKVCache(ours.config, T, ids.device, torch.float32))
     kv = SimpleKVCache(ours.config, T, ids.device, torch.float32)
-    parts = [ours.forward(ids[a:b], torch.arange(a, b), kv) for a, b in ((0, 5), (5, 6), (6, T))]
+    parts = [all_logits(ours, ids[a:b], torch.arange(a, b), kv) for a, b in ((0, 5), (5, 6), (6, T))]
     torch.testing.assert_close(torch.cat(parts), whole, atol=1e-4, rtol=1e-4)
 
 
@@ -82,7 +92,7 @@ def test_smollm2_matches_transformers(smollm2: Path) -> None:
     ids = torch.tensor(tok.encode(prompt))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-    got = ours.forward(ids, torch.arange(len(ids)), SimpleKVCache(ours.config, len(ids), ids.device, torch.float32))
+    got = all_logits(ours, ids, torch.arange(len(ids)), SimpleKVCache(ours.config, len(ids), ids.device, torch.float32))
     torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-4)
     ref_tokens = hf.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(ids):].tolist()
     got_tokens = greedy_generate(ours, ids.tolist(), max_new_tokens=32)
@@ -157,6 +167,21 @@ def test_config_and_registry(tiny_qwen3: Path) -> None:
     hf.hidden_act, hf.mlp_only_layers = "silu", [0]  # Qwen3-MoE 里夹着稠密层：还不支持，读配置时就报错
     with pytest.raises(ValueError, match="mlp_only_layers"):
         ModelConfig.from_hf(hf)
+    hf.mlp_only_layers = []
+    assert config.rotary_dim == config.head_dim
+    hf.rope_parameters = {**hf.rope_parameters, "partial_rotary_factor": 0.5}  # transformers 的 Qwen3 不做部分旋转
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
+        ModelConfig.from_hf(hf)
+
+
+def test_one_rope_table_per_model(tiny_qwen3: Path) -> None:
+    with torch.device("meta"):  # 只看结构：RoPE 表照样建在 CPU 上
+        model = create_model(ModelConfig.from_hf(load_hf_config(tiny_qwen3)))
+    rotaries = {id(layer.self_attn._rotary) for layer in model.model.layers}
+    assert len(rotaries) == 1  # 所有层共用一个
+    rope = model.model.layers[0].self_attn._rotary
+    assert rope._cos_sin_cache.device.type == "cpu" and rope._cos_sin_cache.shape == (4096, 32)  # [P, R]
+    assert not any("rotary" in name for name in model.state_dict())  # 不是参数
 
 
 def load_on(path: Path, device: torch.device, dtype: torch.dtype):
@@ -172,8 +197,8 @@ def logits_of(hf, ours, device: torch.device, dtype: torch.dtype):
     ids = torch.tensor(PROMPT, device=device)
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].float()  # [T, V]
-    got = ours.forward(ids, torch.arange(len(PROMPT), device=device),
-                       SimpleKVCache(ours.config, len(PROMPT), device, dtype)).float()  # [T, V]
+    got = all_logits(ours, ids, torch.arange(len(PROMPT), device=device),
+                     SimpleKVCache(ours.config, len(PROMPT), device, dtype)).float()  # [T, V]
     return ref, got
 
 

@@ -12,6 +12,7 @@ from minisgl.models.weight import stack_experts
 from minisgl.moe import MOE_BACKENDS, MoELayer, create_moe_backend, select_experts
 from minisgl.utils.hf import load_hf_config
 
+pytestmark = pytest.mark.usefixtures("tp1")  # 单进程
 PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 30]  # Qwen3 分词器的一句话
 
 
@@ -34,13 +35,15 @@ def test_moe_block_matches_transformers(norm_topk_prob: bool, num_tokens: int) -
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-5)
 
 
-def test_qwen3_moe_matches_transformers(tiny_qwen3_moe) -> None:
-    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_moe, dtype=torch.float32).eval()
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_moe", "tiny_qwen3_moe_hd128"])
+def test_qwen3_moe_matches_transformers(fixture: str, request) -> None:
+    path = request.getfixturevalue(fixture)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = hf.generation_config.pad_token_id = None
-    config = ModelConfig.from_hf(load_hf_config(tiny_qwen3_moe))
+    config = ModelConfig.from_hf(load_hf_config(path))
     with torch.device("cpu"):
         ours = create_model(config)
-    load_weight(ours, tiny_qwen3_moe)
+    load_weight(ours, path)
     assert type(ours).__name__ == "Qwen3MoeForCausalLM"
     assert ours.state_dict()["model.layers.1.mlp.experts.down_proj"].shape == (8, 64, 32)
 
@@ -48,7 +51,7 @@ def test_qwen3_moe_matches_transformers(tiny_qwen3_moe) -> None:
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]  # [T, V]
     cache = SimpleKVCache(config, len(PROMPT), ids.device, torch.float32)
-    got = ours.forward(ids, torch.arange(len(PROMPT)), cache)
+    got = ours.lm_head.forward(ours.model.forward(ids, torch.arange(len(PROMPT)), cache))  # 每个位置的 [T, V]
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
     ref_tokens = hf.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(PROMPT):].tolist()

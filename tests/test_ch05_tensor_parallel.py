@@ -11,6 +11,7 @@ from minisgl.distributed import (DistributedInfo, destroy_distributed, free_tcp_
 from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
 from minisgl.utils.hf import load_hf_config
 
+pytestmark = pytest.mark.usefixtures("tp1")  # 测试主进程是 TP=1；TP=2 的子进程各自设置
 PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 30]
 MODELS = ["tiny_qwen3", "tiny_qwen3_moe", "kv1_odd_vocab"]
 
@@ -21,8 +22,8 @@ def run_model(path: str, device: str = "cpu") -> dict:
         model = create_model(ModelConfig.from_hf(load_hf_config(path)))
     load_weight(model, path)
     ids = torch.tensor(PROMPT, device=device)
-    logits = model.forward(ids, torch.arange(len(PROMPT), device=device),
-                           SimpleKVCache(model.config, len(PROMPT), ids.device, torch.float32))
+    kv_cache = SimpleKVCache(model.config, len(PROMPT), ids.device, torch.float32)
+    logits = model.lm_head.forward(model.model.forward(ids, torch.arange(len(PROMPT), device=device), kv_cache))
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     return {"logits": logits.cpu(), "tokens": greedy_generate(model, PROMPT, max_new_tokens=16), "shapes": shapes}
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisgl.utils.logger import set_log_rank
+
 
 @dataclass(frozen=True)
 class DistributedInfo:
@@ -19,24 +21,28 @@ class DistributedInfo:
         return self.rank == 0
 
 
-_SINGLE = DistributedInfo(0, 1)
 _TP_INFO: DistributedInfo | None = None
 
 
 def set_tp_info(rank: int, size: int) -> DistributedInfo:
-    """进程启动时调用一次；同一进程里不能改成别的值。"""
+    """进程启动时调用一次（单进程就是 set_tp_info(0, 1)）；同一进程里不能改成别的值。顺便告诉日志本进程的 rank。"""
     global _TP_INFO
     info = DistributedInfo(rank, size)
     if _TP_INFO is not None and _TP_INFO != info:
         raise RuntimeError(f"tensor-parallel info is already {_TP_INFO}; cannot change it to {info}")
     _TP_INFO = info
+    set_log_rank(rank, size)
     return info
 
 
 def get_tp_info() -> DistributedInfo:
-    """没有设置过时就是单进程：rank 0，共 1 个。"""
-    return _TP_INFO or _SINGLE
+    """本进程的 TP 位置；还没有 set_tp_info 过就报错，而不是猜一个。"""
+    if _TP_INFO is None:
+        raise RuntimeError("tensor-parallel info is not set: call set_tp_info(rank, size) at process start "
+                           "(set_tp_info(0, 1) for a single process)")
+    return _TP_INFO
 
 
 def try_get_tp_info() -> DistributedInfo | None:
+    """和 get_tp_info 一样，但没有设置过时返回 None。"""
     return _TP_INFO

@@ -55,23 +55,12 @@ class LinearQKVMerged(_Linear):
         super().__init__(hidden_size, (self.num_qo_heads + 2 * self.num_kv_heads) * head_dim, bias)
 
 
-class LinearOProj(_Linear):
-    """注意力的输出投影：按输入维（本 rank 的头）切，各 rank 的部分和 all-reduce 后再加偏置。"""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        start, end = shard_range(input_size, get_tp_info(), "num_attention_heads * head_dim")
-        super().__init__(end - start, output_size, bias)  # weight: [out, in/tp]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight))  # [T, in/tp] -> [T, out]，所有 rank 求和
-        return y if self.bias is None else y + self.bias
-
-
 class LinearRowParallel(_Linear):
-    """MLP 的 down_proj：按输入维切，各 rank 的部分和 all-reduce 后再加偏置。"""
+    """注意力的 o_proj、MLP 的 down_proj：按输入维切，各 rank 的部分和 all-reduce 后再加偏置。"""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        start, end = shard_range(input_size, get_tp_info(), "the MLP intermediate_size")
+        what = "the input size of a row-parallel layer (intermediate_size, or num_attention_heads * head_dim)"
+        start, end = shard_range(input_size, get_tp_info(), what)
         super().__init__(end - start, output_size, bias)  # weight: [out, in/tp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,21 +12,30 @@ from .base import StateLessOP
 
 
 class RotaryEmbedding(StateLessOP):
-    """对 q、k 的前 rotary_dim 维做旋转（前后两半配对，即 Llama/NeoX 的排布），其余维度原样保留。"""
+    """对 q、k 的前 rotary_dim 维做旋转（前后两半配对，即 Llama/NeoX 的排布），其余维度原样保留。
 
-    def __init__(self, head_dim: int, rotary_dim: int, inv_freq: torch.Tensor, attention_factor: float = 1.0) -> None:
+    位置 [0, max_position) 的 cos/sin 表在构造时算好一次；forward 按 positions 查表。
+    """
+
+    def __init__(self, head_dim: int, rotary_dim: int, max_position: int, inv_freq: torch.Tensor,
+                 attention_factor: float = 1.0) -> None:
         if rotary_dim % 2 or rotary_dim > head_dim:
             raise ValueError(f"rotary_dim={rotary_dim} must be even and <= head_dim={head_dim}")
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
-        self._inv_freq = inv_freq.float()  # [R/2]，随对象走；不是参数
-        self._attention_factor = attention_factor  # yarn 把 cos/sin 整体放大一点；其他方法是 1
+        self.max_position = max_position
+        # 表建在 CPU 上（模型可能在 meta 设备上构造），第一次前向时搬到 positions 的设备
+        pos = torch.arange(max_position, dtype=torch.float32, device="cpu")  # [P]
+        freqs = pos[:, None] * inv_freq.float().cpu()[None, :]  # [P, R/2] float32
+        # yarn 的 attention_factor 把 cos/sin 整体放大一点；其他方法是 1
+        self._cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * attention_factor  # [P, R] float32
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self._inv_freq.to(positions.device)  # [T, R/2] float32
-        cos = (freqs.cos() * self._attention_factor)[:, None, :]  # [T, 1, R/2]
-        sin = (freqs.sin() * self._attention_factor)[:, None, :]  # [T, 1, R/2]
+        if self._cos_sin_cache.device != positions.device:  # 只搬一次，之后一直留在那个设备上
+            self._cos_sin_cache = self._cos_sin_cache.to(positions.device)
+        cos, sin = self._cos_sin_cache[positions].chunk(2, dim=-1)  # [T, R/2] ×2 float32
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, R/2]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)  # [T, H, D], [T, Hkv, D]
 
 
@@ -40,15 +49,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
              rope_scaling: Dict[str, Any] | None = None) -> RotaryEmbedding:
     """按 HF config 里的 rope_scaling 构造 RoPE：None/"default"、"llama3" 或 "yarn"。"""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))  # [R/2]
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim  # [R/2]
+    inv_freq = 1.0 / (base ** exponents)  # [R/2]
     kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
     if kind == "default":
-        return RotaryEmbedding(head_dim, rotary_dim, inv_freq)
+        return RotaryEmbedding(head_dim, rotary_dim, max_position, inv_freq)
     if kind == "llama3":
-        return RotaryEmbedding(head_dim, rotary_dim, _llama3_inv_freq(inv_freq, rope_scaling))
+        return RotaryEmbedding(head_dim, rotary_dim, max_position, _llama3_inv_freq(inv_freq, rope_scaling))
     if kind == "yarn":
         inv_freq, attention_factor = _yarn_inv_freq(rope_scaling, rotary_dim, base, max_position)
-        return RotaryEmbedding(head_dim, rotary_dim, inv_freq, attention_factor)
+        return RotaryEmbedding(head_dim, rotary_dim, max_position, inv_freq, attention_factor)
     raise ValueError(f"unsupported rope_scaling type {kind!r} in {rope_scaling}; supported: default, llama3, yarn")
 
 
@@ -84,8 +94,8 @@ def _yarn_inv_freq(cfg: Dict[str, Any], dim: int, base: float, max_position: int
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # 避免除以 0
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [R/2]：0 外推，1 内插
-    inv_theta = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # [R/2] = 1/θ_i
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)  # [R/2]：0 外推，1 内插
+    inv_theta = base ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)  # [R/2] = 1/θ_i
     # 照 transformers 的写法，不化简成 ramp：浮点里 1-(1-r) 不一定等于 r，逐位对齐要同样的运算顺序
     keep = 1 - ramp  # 保留原频率的比例
     inv_freq = 1.0 / (factor * inv_theta) * (1 - keep) + 1.0 / inv_theta * keep

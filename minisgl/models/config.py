@@ -16,6 +16,7 @@ class ModelConfig:
     num_qo_heads: int
     num_kv_heads: int
     head_dim: int
+    rotary_dim: int  # RoPE 旋转的维数：head_dim × partial_rotary_factor；我们支持的结构都是整个 head_dim
     intermediate_size: int
     vocab_size: int
     rms_norm_eps: float
@@ -46,7 +47,11 @@ class ModelConfig:
             raise ValueError(f"config.json has mlp_only_layers={getattr(hf, 'mlp_only_layers', None)} and "
                              f"decoder_sparse_step={getattr(hf, 'decoder_sparse_step', 1)}; minisgl supports MoE "
                              "models whose every layer is MoE")
-        theta, scaling = _rope_params(hf)
+        theta, scaling, partial_rotary_factor = _rope_params(hf)
+        if partial_rotary_factor != 1.0:  # transformers 的 Llama/Qwen3 不旋转部分维度：没有可以对齐的参照
+            raise ValueError(f"config.json has partial_rotary_factor={partial_rotary_factor}; the Llama and Qwen3 "
+                             "architectures rotate the whole head_dim, so minisgl supports only 1.0")
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         return cls(
             architecture=hf.architectures[0],
             model_type=hf.model_type,
@@ -54,7 +59,8 @@ class ModelConfig:
             hidden_size=hf.hidden_size,
             num_qo_heads=hf.num_attention_heads,
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+            head_dim=head_dim,
+            rotary_dim=head_dim,
             intermediate_size=hf.intermediate_size,
             vocab_size=hf.vocab_size,
             rms_norm_eps=hf.rms_norm_eps,
@@ -69,9 +75,10 @@ class ModelConfig:
         )
 
 
-def _rope_params(hf: Any) -> Tuple[float, Dict[str, Any] | None]:
-    """(rope_theta, rope_scaling)。transformers 5 把两者放在 rope_parameters 里，4.x 是两个字段。"""
+def _rope_params(hf: Any) -> Tuple[float, Dict[str, Any] | None, float]:
+    """(rope_theta, rope_scaling, partial_rotary_factor)。transformers 5 把它们放在 rope_parameters 里，4.x 各是一个字段。"""
     params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     theta = params.pop("rope_theta", None) or getattr(hf, "rope_theta", None) or 10000.0
+    partial = params.pop("partial_rotary_factor", None) or getattr(hf, "partial_rotary_factor", None) or 1.0
     kind = params.get("rope_type", params.get("type", "default"))
-    return float(theta), (params if kind != "default" else None)
+    return float(theta), (params if kind != "default" else None), float(partial)

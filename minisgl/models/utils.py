@@ -87,9 +87,9 @@ class BaseLLMModel(BaseOP):
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
-        self._rotary = get_rope(config.head_dim, config.head_dim, config.max_position_embeddings,
-                                config.rope_theta, config.rope_scaling)  # 全模型共用一张 cos/sin 表
-        layers = [DecoderLayer(config, i, self.make_mlp(config, i), self.qk_norm, self._rotary)
+        rotary = get_rope(config.head_dim, config.rotary_dim, config.max_position_embeddings, config.rope_theta,
+                          config.rope_scaling)  # 所有层共用一张 cos/sin 表
+        layers = [DecoderLayer(config, i, self.make_mlp(config, i), self.qk_norm, rotary)
                   for i in range(config.num_layers)]
         self.model = DecoderModel(config, layers)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None

@@ -83,8 +83,10 @@ def merge_weights(tensors: Iterator[Tuple[str, torch.Tensor]]) -> Iterator[Tuple
 
 
 def checkpoint_tensors(model: BaseLLMModel, model_path: Path | str) -> Iterator[Tuple[str, torch.Tensor]]:
-    """检查点 → (模型里的参数名, 张量) 的流：逐个读、合并。第 4、5 章在这条流水线上加专家堆叠和 TP 切分。"""
-    return merge_weights(read_checkpoint(model_path))
+    """检查点 → (模型里的参数名, 张量) 的流：逐个读、切出本 rank 的一份、合并、堆叠专家。"""
+    config, tp_info = model.config, get_tp_info()
+    shards = ((name, shard_weight(name, t, config, tp_info)) for name, t in read_checkpoint(model_path))
+    return stack_experts(merge_weights(shards), config.num_experts)
 
 
 def load_weight(model: BaseLLMModel, model_path: Path | str) -> None:
@@ -129,13 +131,6 @@ def stack_experts(tensors: Iterator[Tuple[str, torch.Tensor]],
             yield stacked, torch.stack([group[e] for e in range(num_experts)])  # [E, out, in]
     if pending:
         raise ValueError(f"the checkpoint has only some experts of {sorted(pending)}")
-
-
-def checkpoint_tensors(model: BaseLLMModel, model_path: Path | str) -> Iterator[Tuple[str, torch.Tensor]]:
-    """检查点 → (模型里的参数名, 张量) 的流：逐个读、切出本 rank 的一份、合并、堆叠专家。"""
-    config, tp_info = model.config, get_tp_info()
-    shards = ((name, shard_weight(name, t, config, tp_info)) for name, t in read_checkpoint(model_path))
-    return stack_experts(merge_weights(shards), config.num_experts)
 
 
 _COLUMN = {"gate_proj", "up_proj"}  # 按输出维（行）切，专家的也一样

@@ -37,16 +37,15 @@ class BaseMoeBackend(ABC):
 
 
 class GroupedMoe(BaseMoeBackend):
-    """把 (token, 专家) 对按专家排序分组，每个专家一次矩阵乘，最后 index_add_ 加回各个 token。"""
+    """把 (token, 专家) 对按专家排序分组，每个专家一次矩阵乘，再放回 (token, k) 的顺序、加权求和。"""
 
     def forward(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 router_logits: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
         weights, ids = select_experts(router_logits, top_k, renormalize)  # [T, K], [T, K]
         flat_ids = ids.flatten()  # [T*K]：第 t*K+j 个是 token t 的第 j 个专家
         order = torch.argsort(flat_ids, stable=True)  # [T*K]：同一专家的对排在一起
-        token_idx = order // top_k  # [T*K]：排好序的每一行来自哪个 token
         counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()  # E 个 int
-        rows = x[token_idx]  # [T*K, H]
+        rows = x[order // top_k]  # [T*K, H]：排好序的第 i 行来自第 order[i] // K 个 token
         out_rows = torch.empty_like(rows)  # [T*K, H]
         start = 0
         for e, n in enumerate(counts):  # 循环的是专家，不是 token
@@ -56,8 +55,10 @@ class GroupedMoe(BaseMoeBackend):
             gate, up = h.chunk(2, dim=-1)  # [n, I] ×2
             out_rows[start:start + n] = F.linear(F.silu(gate) * up, down[e])  # [n, H]
             start += n
-        out_rows *= weights.flatten()[order].unsqueeze(-1).to(x.dtype)  # [T*K, H]：乘上路由权重
-        return torch.zeros_like(x).index_add_(0, token_idx, out_rows)  # [T, H]
+        out = torch.empty_like(out_rows)  # [T*K, H]
+        out[order] = out_rows  # 放回 (token, k) 的顺序：order 是一个排列，每一行只写一次
+        out = out.view(-1, top_k, x.shape[-1])  # [T, K, H]
+        return (out * weights.unsqueeze(-1).to(x.dtype)).sum(dim=1)  # [T, H]：乘路由权重，沿 k 求和
 
 
 class MoELayer(BaseOP):

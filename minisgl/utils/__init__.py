@@ -1,10 +1,10 @@
 # Tangled from book/chapters/ch01_skeleton.ipynb — edit the notebook, not this file.
-from .logger import MiniLogger, init_logger
+from .logger import MiniLogger, init_logger, set_log_rank
 from .misc import align_down, align_ceil, div_ceil, div_even
 from .registry import Registry
 from .torch_utils import parse_dtype, pick_device, torch_dtype
 
 __all__ = [
     "MiniLogger", "Registry", "align_down", "align_ceil", "div_ceil", "div_even", "init_logger", "parse_dtype",
-    "pick_device", "torch_dtype",
+    "pick_device", "set_log_rank", "torch_dtype",
 ]

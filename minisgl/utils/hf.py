@@ -46,7 +46,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    logger.info("converting %s to a safetensors folder at %s (once, ~20 s)", gguf.name, target)
+    logger.info("converting %s to a safetensors folder at %s (once, ~30 s)", gguf.name, target)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained 拒绝保存从 GGUF 加载的模型：把权重拷进一个同结构的新模型再存；

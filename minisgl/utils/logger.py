@@ -6,6 +6,15 @@ import sys
 import time
 
 
+_LOG_RANK = (0, 1)  # (rank, size)：set_tp_info 通过 set_log_rank 告诉日志；没设置时当作单进程
+
+
+def set_log_rank(rank: int, size: int) -> None:
+    """记下本进程的 TP 位置：*_rank0 方法据此决定打不打印，size > 1 时每行带上 TP{rank}。"""
+    global _LOG_RANK
+    _LOG_RANK = (rank, size)
+
+
 class MiniLogger(logging.Logger):
     """标准 Logger，加上只在 rank 0 打印的 *_rank0 方法。"""
 
@@ -23,9 +32,7 @@ class MiniLogger(logging.Logger):
 
 
 def _is_rank0() -> bool:
-    from minisgl.distributed import get_tp_info  # distributed 在 utils 之上：只在用到时导入
-
-    return get_tp_info().is_primary()
+    return _LOG_RANK[0] == 0
 
 
 _COLORS = {"DEBUG": "\033[36m", "INFO": "\033[32m", "WARNING": "\033[33m", "ERROR": "\033[31m"}
@@ -37,10 +44,8 @@ class _Formatter(logging.Formatter):
         self.color = color
 
     def format(self, record: logging.LogRecord) -> str:
-        from minisgl.distributed import try_get_tp_info
-
-        info = try_get_tp_info()
-        where = f" TP{info.rank}" if info is not None and info.size > 1 else ""
+        rank, size = _LOG_RANK
+        where = f" TP{rank}" if size > 1 else ""
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         level = record.levelname
         if self.color:
