@@ -24,12 +24,19 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(here, "..");
 const PRACTICE = path.join(ROOT, "practice");
 
-const args = process.argv.slice(2);
-const opt = (name, dflt) => (args.includes(name) ? args[args.indexOf(name) + 1] : dflt);
-const site = path.resolve(args.find((a) => !a.startsWith("--") && !["--chromium", "--screenshots", "--only"].includes(args[args.indexOf(a) - 1])) ?? path.join(ROOT, "_build", "html"));
-const exe = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
-const shots = opt("--screenshots", null);
-const only = args.flatMap((a, i) => (args[i - 1] === "--only" ? [a] : []));
+// 参数：一个位置参数（书的 HTML 目录）和 --chromium PATH、--screenshots DIR、--only NAME（可以重复）
+const opts = { "--chromium": [], "--screenshots": [], "--only": [] };
+const positional = [];
+for (let i = 2; i < process.argv.length; i++) {
+  const a = process.argv[i];
+  if (a in opts && i + 1 < process.argv.length) opts[a].push(process.argv[++i]);
+  else if (a.startsWith("--")) { console.log(`test_practice_web: 不认识的参数 ${a}`); process.exit(2); }
+  else positional.push(a);
+}
+const site = path.resolve(positional[0] ?? path.join(ROOT, "_build", "html"));
+const exe = opts["--chromium"].at(-1) ?? process.env.CHROMIUM ?? "/usr/bin/chromium";
+const shots = opts["--screenshots"].at(-1) ?? null;
+const only = opts["--only"];
 const LOAD_MS = 180000;  // 一次 Pyodide 加载最多等这么久（2 个核的 CI 机器上实测十几秒）
 
 function die(msg) {
@@ -125,6 +132,7 @@ try {
   check(JSON.stringify([...names].sort()) === JSON.stringify(repoExercises),
     `练习页里的练习 = 仓库里 browser = true 的练习（${repoExercises.length} 道）` +
     (JSON.stringify([...names].sort()) === JSON.stringify(repoExercises) ? "" : `：页面 ${names.join(",")}；仓库 ${repoExercises.join(",")}`));
+  for (const name of only) check(names.includes(name), `--only ${name}：练习页上有这道题`);
   for (const name of names) check(!("solution" in manifest.exercises.find((e) => e.name === name)), `${name}：网站上没有参考答案`);
 
   // 1. 不带 ?ex=：练习列表在首屏，没有空编辑器
