@@ -5,6 +5,7 @@
     python tools/book.py build [--all] [--no-practice]
                                             toc, `jupyter-book build . -W --keep-going` -> _build/html/,
                                             then the browser exercises -> _build/html/practice/
+                                            (tested in headless Chromium: node tools/test_practice_web.mjs _build/html)
     python tools/book.py nbval [chNN ...]   the chapter notebooks under pytest --nbval-lax (what CI runs)
 
 The toc is generated because only chapters whose notebook exists may be listed (a missing file fails the

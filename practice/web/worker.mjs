@@ -4,15 +4,27 @@ import { loadPyodide } from "./pyodide/pyodide.mjs";
 let py = null;
 let runTests = null;
 
+// 加载分几步，每步告诉页面一声（页面显示进度条）：Python 运行时、每个 wheel、测试环境
+const progress = (step, total, text) => self.postMessage({ type: "progress", step, total, text });
+
 async function init(wheels) {
-  py = await loadPyodide({ indexURL: new URL("./pyodide/", import.meta.url).href });
-  const purelib = py.runPython("import sysconfig; sysconfig.get_paths()['purelib']");
-  for (const w of wheels) {
+  const total = wheels.length + 2;
+  progress(0, total, "下载并启动 Python 运行时（Pyodide，约 14 MB，之后浏览器会缓存）");
+  // wheel 和运行时同时下载
+  const downloads = wheels.map(async (w) => {
     const resp = await fetch(new URL(`./wheels/${w}`, import.meta.url));
     if (!resp.ok) throw new Error(`下载 ${w} 失败：HTTP ${resp.status}`);
+    return resp.arrayBuffer();
+  });
+  downloads.forEach((d) => d.catch(() => {}));  // 错误在下面 await 时再报
+  py = await loadPyodide({ indexURL: new URL("./pyodide/", import.meta.url).href });
+  const purelib = py.runPython("import sysconfig; sysconfig.get_paths()['purelib']");
+  for (const [i, w] of wheels.entries()) {
+    progress(1 + i, total, `安装 ${w.split("-")[0]}（${i + 1}/${wheels.length}）`);
     // PyPI 的 wheel 与 pyodide-lock.json 的 sha256 不同，所以不用 loadPackage，直接解压到 site-packages
-    py.unpackArchive(await resp.arrayBuffer(), "wheel", { extractDir: purelib });
+    py.unpackArchive(await downloads[i], "wheel", { extractDir: purelib });
   }
+  progress(total - 1, total, "准备 pytest");
   py.runPython(`
 import importlib, io, json, os, sys, contextlib, xml.etree.ElementTree as ET
 sys.dont_write_bytecode = True
@@ -57,6 +69,7 @@ def run_tests(module, code, tests):
     return json.dumps({"rc": int(rc), "output": out.getvalue(), "cases": cases})
 `);
   runTests = py.globals.get("run_tests");
+  py.runPython("import pytest");  // 第一次 import pytest 要一两秒：算在加载里，不算在第一次运行里
 }
 
 self.onmessage = async (ev) => {

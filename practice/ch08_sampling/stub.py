@@ -1,0 +1,24 @@
+"""第 8 章练习：采样参数和 CUDA Graph 档位。
+
+把下面每个 `raise NotImplementedError(...)` 换成你的实现。要求见同目录的 README.md。
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+
+def sampling_probs(logits: List[float], temperature: float = 1.0, top_k: int = -1,
+                   top_p: float = 1.0) -> List[float]:
+    """temperature（0 = 贪心 one-hot）→ softmax → top-k → top-p，每次过滤后重新归一化。"""
+    raise NotImplementedError("实现 sampling_probs")
+
+
+def capture_sizes(max_bs: int) -> List[int]:
+    """[1, 2, 4] + 8 的倍数，都不超过 max_bs；max_bs == 0 → []。"""
+    raise NotImplementedError("实现 capture_sizes")
+
+
+def pick_bucket(bs: int, sizes: List[int]) -> Optional[int]:
+    """sizes（升序）里不小于 bs 的最小档位；没有 → None（eager）。"""
+    raise NotImplementedError("实现 pick_bucket")
