@@ -6,7 +6,9 @@
                                             toc, `jupyter-book build . -W --keep-going` -> _build/html/,
                                             then the browser exercises -> _build/html/practice/
                                             (tested in headless Chromium: node tools/test_practice_web.mjs _build/html)
-    python tools/book.py nbval [chNN ...]   the chapter notebooks under pytest --nbval-lax (what CI runs)
+    python tools/book.py nbval [chNN ...]   the chapter notebooks under pytest --nbval (what CI runs): every cell
+                                            runs and its output must equal the stored one after
+                                            book/nbval_sanitize.cfg (cells tagged nbval-ignore-output excepted)
 
 The toc is generated because only chapters whose notebook exists may be listed (a missing file fails the
 build): book/intro.md is the root, book/preface.md comes first, then the chapters in three parts, one per
@@ -55,6 +57,7 @@ def toc_text() -> str:
         "  - caption: 开始之前",
         "    chapters:",
         "      - file: book/preface",
+        "      - file: book/practice",
     ]
     nbs = chapters()
     for first, last, caption in PHASES:
@@ -131,7 +134,7 @@ def cmd_nbval(names: List[int]) -> int:
     if not paths:
         print("no chapter notebooks")
         return 1
-    cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+    cmd = [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
            f"--nbval-sanitize-with={SANITIZE.relative_to(ROOT)}", "-p", "no:cacheprovider", "-q",
            *[p.relative_to(ROOT).as_posix() for p in paths]]
     print(" ".join(cmd[2:]))
@@ -146,7 +149,7 @@ def main(argv: List[str] | None = None) -> int:
     b = sub.add_parser("build", help="toc + jupyter-book build . -W --keep-going")
     b.add_argument("--all", action="store_true", help="rebuild every page (ignore the Sphinx cache)")
     b.add_argument("--no-practice", action="store_true", help="skip _build/html/practice (browser exercises)")
-    n = sub.add_parser("nbval", help="pytest --nbval-lax on the chapter notebooks")
+    n = sub.add_parser("nbval", help="pytest --nbval (strict, sanitized) on the chapter notebooks")
     n.add_argument("names", type=chapter_arg, nargs="*", help="chapters: 5, ch05 or ch05_slug (default: all)")
     args = ap.parse_args(argv)
     if args.cmd == "toc":

@@ -5,12 +5,15 @@ puts tools/ on sys.path and loads this module as a Sphinx extension). The notebo
 
 - a code cell's leading `#|` directive lines (`#| file:`, `#| part:`, `#| early`, `#| excerpt`, `#| remove`)
   are dropped, and a caption cell "minisgl/layers/norm.py · RMSNorm" (only the file when there is no part;
-  small tags for 提前引入 / 节选 / 删除) is put above the listing;
+  small tags for 提前引入 / 节选 / 本章删除, and 修改 when the listing replaces a part an earlier chapter wrote;
+  the directives are parsed by tools/steps.py, the same code that tangles them) is put above the listing;
 - an `examples/...` listing that has outputs is split in two, with a "运行结果" label between the code and
   its output, as in the seed chapter;
 - a Markdown link into the browser exercises (`[…](../../practice/index.html?ex=…)`: pages Sphinx does
   not build) becomes a raw HTML link;
 - the code is highlighted with the IPython lexer (`!pip …`, `%run …`);
+- headings get readable ids (their text, `readable_section_ids`) and each page loads every script once
+  (`dedupe_scripts`);
 - a top-level `<details><summary>T</summary> ... </details>` block in a markdown cell becomes a sphinx-design
   `{dropdown}` titled T, so folded answers look like the theme's other dropdowns (raw <details> also folds,
   but the markdown inside it would be split across several raw-HTML nodes).
@@ -30,7 +33,9 @@ from typing import Dict, List, Tuple
 
 import nbformat
 
-_DIRECTIVE = re.compile(r"^#\|\s*([A-Za-z_-]+)\s*(?::\s*(.*?))?\s*$")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import steps  # noqa: E402  (tools/steps.py: the directive parser and the chapter builder)
+
 _DETAILS = re.compile(r"^<details[^>]*>\s*<summary>(.*?)</summary>[ \t]*\n?(.*?)</details>[ \t]*$",
                       re.DOTALL | re.MULTILINE | re.IGNORECASE)
 # [文字](../../practice/index.html?ex=…)：练习页不是 Sphinx 生成的页面，普通 Markdown 链接会报 xref_missing
@@ -49,31 +54,53 @@ def _source(cell) -> str:
     return src if isinstance(src, str) else "".join(src)
 
 
-def split_directives(source: str) -> Tuple[Dict[str, str], str]:
-    """`#| key: value` lines at the top of a cell -> ({key: value}, the rest of the source)."""
+def split_directives(source: str) -> Tuple[steps.Cell | None, str]:
+    """A listing cell's directives, parsed by tools/steps.py (the one implementation), and the code to show:
+    (Cell or None, the source without its leading `#|` lines)."""
+    cell = steps.parse_cell(source, "bookrender")
     lines = source.split("\n")
-    found: Dict[str, str] = {}
     i = 0
     while i < len(lines) and lines[i].startswith("#|"):
-        m = _DIRECTIVE.match(lines[i])
-        if m:
-            found[m.group(1)] = (m.group(2) or "").strip()
         i += 1
-    return found, "\n".join(lines[i:]).strip("\n")
+    return cell, "\n".join(lines[i:]).strip("\n")
 
 
-def caption_html(d: Dict[str, str], gpu: bool = False) -> str:
-    file = d["file"]
-    part = d.get("part") or ""
-    text = f'<code class="listing-file">{html.escape(file)}</code>'
-    if part and part != file:
-        text += f' · <span class="listing-part">{html.escape(part)}</span>'
-    for key, label in _TAGS.items():
-        if key in d:
-            text += f' <span class="listing-tag">{label}</span>'
+def caption_html(cell: steps.Cell, modified: bool = False, gpu: bool = False) -> str:
+    text = f'<code class="listing-file">{html.escape(cell.file)}</code>'
+    if cell.part and cell.part != cell.file:
+        text += f' · <span class="listing-part">{html.escape(cell.part)}</span>'
+    tags = [label for key, label in _TAGS.items() if getattr(cell, key)]
+    if modified:
+        tags.append("修改")
+    for label in tags:
+        text += f' <span class="listing-tag">{label}</span>'
     if gpu:
         text += ' <span class="listing-tag gpu">GPU</span>'
     return f'<div class="listing-caption">{text}</div>'
+
+
+_CHAPTERS: dict = {}
+
+
+def _earlier_parts(nb) -> Dict[str, set]:
+    """The (file -> parts) that exist before this notebook's chapter, so that a listing repeating one is a 修改.
+    The chapter is the one whose listings (as tools/steps.py parses them) are exactly this notebook's."""
+    key = tuple((p.name, p.stat().st_mtime) for p in steps.chapter_paths())
+    if _CHAPTERS.get("key") != key:
+        _CHAPTERS.clear()
+        _CHAPTERS.update(key=key, chapters=steps.load_chapters())
+    chapters = _CHAPTERS["chapters"]
+    mine = []
+    for c in nb.cells:
+        if c.cell_type == "code" and _source(c).startswith("#|"):
+            cell = steps.parse_cell(_source(c), "bookrender")
+            if cell is not None:
+                mine.append((cell.file, cell.part, cell.body))
+    num = next((ch.num for ch in chapters if mine and [(c.file, c.part, c.body) for c in ch.cells] == mine), None)
+    if num is None:
+        return {}
+    before = steps.build(chapters, num - 1, verify=False)
+    return {f: set(parts) for f, parts in before.parts.items()}
 
 
 def _fence(body: str) -> str:
@@ -130,6 +157,7 @@ def render(nb):
     if info.get("name", "python") == "python":
         info["name"] = "python"
         info["pygments_lexer"] = "ipython3"
+    earlier = _earlier_parts(nb)
     cells: List = []
     for n, cell in enumerate(nb.cells):
         cid = str(cell.get("id") or f"cell{n}")
@@ -153,14 +181,15 @@ def render(nb):
                 cells.append(_md(gpu_note(bool(cell.get("outputs"))), cid + "-gpu"))
             cells.append(cell)
             continue
-        directives, body = split_directives(_source(cell))
+        listing, body = split_directives(_source(cell))
         cell["source"] = body
-        if "file" not in directives or tags & _HIDDEN:
+        if listing is None or tags & _HIDDEN:
             cells.append(cell)
             continue
-        cells.append(_md(caption_html(directives, gpu="gpu" in tags), cid + "-cap"))
+        modified = not (listing.excerpt or listing.remove) and listing.part in earlier.get(listing.file, ())
+        cells.append(_md(caption_html(listing, modified, gpu="gpu" in tags), cid + "-cap"))
         outputs = cell.get("outputs") or []
-        if directives["file"].startswith("examples/") and outputs and "remove-output" not in tags:
+        if listing.file.startswith("examples/") and outputs and "remove-output" not in tags:
             result = copy.deepcopy(cell)
             result["id"] = (cid + "-out")[:64]
             result.setdefault("metadata", {})["tags"] = sorted(tags | {"remove-input"})
@@ -179,10 +208,49 @@ def read_notebook(text: str):
     return render(nbformat.reads(text, as_version=4))
 
 
+def readable_section_ids(app, doctree) -> None:
+    """A heading's id is its MyST slug (`myst_heading_anchors`: the heading text, GitHub style, e.g.
+    `#自测能答上来就可以跳过本章`) instead of docutils' `#id1` for non-ASCII titles; the old id stays as a second
+    anchor. Runs before Sphinx's toc collector (priority < 500), so the sidebar links use the new ids."""
+    from docutils import nodes
+
+    for section in doctree.findall(nodes.section):
+        slug = section.get("slug")
+        if not slug or not section["ids"] or section["ids"][0] == slug:
+            continue
+        new, i = slug, 1
+        while new in doctree.ids:
+            new, i = f"{slug}-{i}", i + 1
+        section["ids"].insert(0, new)
+        doctree.ids[new] = section
+
+
+def dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
+    """sphinx-thebe adds its inline `const THEBE_JS_URL = …` script twice (its env-before-read-docs handler
+    registers it with the app and with the builder), which throws "Identifier 'THEBE_JS_URL' has already been
+    declared" on every page: keep the first copy of each script (same file and attributes, any priority)."""
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen, kept = set(), []
+    for js in scripts:
+        attributes = sorted((k, str(v)) for k, v in getattr(js, "attributes", {}).items())
+        key = (getattr(js, "filename", None) or "", repr(attributes))  # 同一段脚本：文件名是 None 或 ""
+        if key not in seen:
+            seen.add(key)
+            kept.append(js)
+    scripts[:] = kept
+
+
 def setup(app):
-    # 本文件一改，Sphinx 就要重新读所有 notebook（config 值变了 → 环境失效）
-    digest = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:12]
+    # 本文件（或 tools/steps.py、book/_static/ 里的 CSS/JS）一改，Sphinx 就要重新读、重新写所有页面（config 值变了
+    # → 环境失效）；否则只改了 CSS 时 Sphinx 说 "no targets are out of date"，连静态文件都不拷
+    here = Path(__file__).resolve().parent
+    sources = [Path(__file__), here / "steps.py"] + sorted((here.parent / "book" / "_static").glob("*"))
+    digest = hashlib.sha1(b"".join(p.read_bytes() for p in sources if p.is_file())).hexdigest()[:12]
     app.add_config_value("bookrender_digest", digest, "env")
+    app.connect("doctree-read", readable_section_ids, priority=400)
+    app.connect("html-page-context", dedupe_scripts, priority=900)  # after the handlers that add scripts
     return {"version": digest, "parallel_read_safe": True, "parallel_write_safe": True}
 
 

