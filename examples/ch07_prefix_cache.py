@@ -1,5 +1,5 @@
 # Tangled from book/chapters/ch07_prefix_cache.ipynb — edit the notebook, not this file.
-"""第 7 章：共享系统提示词的多轮对话请求，分别回放给 naive 和 radix 前缀缓存，数省下了多少预填充。"""
+"""第 7 章：共享系统提示词的多轮对话请求分别回放给 naive 和 radix 前缀缓存，数省下的预填充；再在真模型上计时。"""
 
 import random
 import time
@@ -7,9 +7,13 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from minisgl.kvcache import create_prefix_cache
+from minisgl.attention import create_attention_backend
+from minisgl.core import Batch, Context, Req, use_ctx
+from minisgl.distributed import set_tp_info
+from minisgl.kvcache import BasePrefixCache, MHAKVCache, create_prefix_cache
+from minisgl.models import ModelConfig, create_model, load_weight
 from minisgl.utils import div_ceil
-from minisgl.utils.hf import load_tokenizer, qwen3_tokenizer_dir
+from minisgl.utils.hf import example_model_path, load_hf_config, load_tokenizer, qwen3_tokenizer_dir
 
 CPU = torch.device("cpu")
 
@@ -117,3 +121,68 @@ for kind, page_size, pool_tokens in [("naive", 1, 65536), ("radix", 1, 65536), (
           f"{s['hit'] / s['prompt']:>6.1%} | {s['evicted']:>10} | {s['cache_s'] * 1000:>10.1f}ms |")
     if kind == "radix" and page_size == 1 and pool_tokens == 65536:
         assert s["hit"] == upper, "池足够大时，radix 应该命中理论上限"
+
+# 3. 真模型：命中的前缀不再预填充。下一个 token 和从头算的一样吗？预填充快了多少？
+PAGE = 16
+set_tp_info(0, 1)
+path = example_model_path()
+config = ModelConfig.from_hf(load_hf_config(path))
+with torch.device("cpu"):
+    model = create_model(config)
+load_weight(model, path)
+mtok = load_tokenizer(path)
+pool = MHAKVCache(config.num_layers, num_pages=256, page_size=PAGE, num_kv_heads=config.num_kv_heads,
+                  head_dim=config.head_dim, dtype=torch.float32, device=CPU)
+page_table = torch.zeros(1, 4096, dtype=torch.int32)  # 一个请求槽就够：请求一个一个跑
+ctx = Context(PAGE, page_table, pool, create_attention_backend("torch", pool, page_table, config.num_qo_heads))
+free = list(range(pool.num_pages))
+
+
+@torch.inference_mode()
+def prefill(ids: torch.Tensor, cache: BasePrefixCache) -> Tuple[torch.Tensor, int, float]:
+    """一个请求的预填充：匹配 → 只为没命中的部分分页、前向 → 插入 → 还掉重复的和没收下的页。"""
+    m = cache.match_prefix(ids[:-1])
+    cache.lock_handle(m.handle)
+    hit = m.handle.cached_len
+    n = div_ceil(len(ids) - hit, PAGE)
+    pages = torch.tensor(free[:n], dtype=torch.int32)
+    del free[:n]
+    slots = torch.cat([m.indices, (pages[:, None] * PAGE + torch.arange(PAGE)).flatten()[: len(ids) - hit].int()])
+    page_table[0, : len(ids)] = slots
+    batch = Batch([Req(ids, table_idx=0, cached_len=hit, output_len=1, uid=0)], "prefill")
+    batch.prepare(page_table)
+    ctx.attn_backend.prepare_metadata(batch)
+    t0 = time.perf_counter()
+    with use_ctx(ctx), ctx.forward_batch(batch):
+        logits = model.forward(batch.input_ids, batch.positions)[0]  # [V]：最后一个位置的 logits
+    seconds = time.perf_counter() - t0
+    r = cache.insert_prefix(ids, slots)
+    for part in (slots[hit : r.cached_len], slots[r.handle.cached_len :]):
+        free.extend((part[::PAGE] // PAGE).tolist())
+    cache.lock_handle(m.handle, unlock=True)
+    return logits, hit, seconds
+
+
+rules = " ".join(f"Rule {i}: answer politely, stay on topic and cite section {i} when it applies." for i in range(24))
+chats = [[{"role": "user", "content": "What is the capital of France?"}],
+         [{"role": "user", "content": "Give me one tip for learning Python."}],
+         [{"role": "user", "content": "What is the capital of France?"},
+          {"role": "assistant", "content": "The capital of France is Paris."},
+          {"role": "user", "content": "And of Italy?"}]]
+caches = {"naive": create_prefix_cache("naive", CPU, PAGE), "radix": create_prefix_cache("radix", CPU, PAGE)}
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # 单线程：计时不受机器上其他进程的影响
+print(f"\n{path.name}，系统提示词 + 对话，page_size={PAGE}，单线程 CPU 上的预填充：")
+print("| 请求 | 提示词 token | radix 命中 | naive 预填充 | radix 预填充 | 下一个 token 相同 | logits 最大差 |")
+print("|------|-------------:|-----------:|-------------:|-------------:|:-----------------:|--------------:|")
+for i, chat in enumerate(chats):
+    text = mtok.apply_chat_template([{"role": "system", "content": rules}] + chat, tokenize=False,
+                                    add_generation_prompt=True)
+    ids = torch.tensor(mtok.encode(text), dtype=torch.int32)
+    ref, _, t_naive = prefill(ids, caches["naive"])
+    got, hit, t_radix = prefill(ids, caches["radix"])
+    same = int(ref.argmax()) == int(got.argmax())
+    print(f"| {i} | {len(ids)} | {hit} | {t_naive * 1000:.0f} ms | {t_radix * 1000:.0f} ms | {same} | "
+          f"{(ref - got).abs().max():.1e} |")
+    assert same, f"request {i}: the next token with a cached prefix differs from a full prefill"
+torch.set_num_threads(threads)
