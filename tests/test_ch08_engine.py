@@ -153,8 +153,8 @@ def test_gpu_graph_replay_equals_eager(fixture: str, request) -> None:
         generate(engine, PROMPTS, [SamplingParams(max_tokens=8)] * 4, [0, 1, 2, 3])  # 池子里有真实的 K/V
         table = engine.page_table
         for bs in (1, 3, 4, 11):  # 3、11 要补齐到 4、16
-            reqs = [Req(torch.randint(0, 1000, (40,), dtype=torch.int32), i % 4, 39, 1, i) for i in range(bs)]
-            for i in range(4):
+            reqs = [Req(torch.randint(0, 1000, (40,), dtype=torch.int32), i, 39, 1, i) for i in range(bs)]
+            for i in range(bs):  # 每个请求自己的槽：一批里不能有两个 token 写同一个槽
                 table[i, :48] = torch.arange(i * 48, i * 48 + 48)
             batch = Batch(reqs, "decode")
             engine.prepare_batch(batch)

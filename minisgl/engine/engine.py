@@ -105,7 +105,6 @@ class Engine:
         if get_tp_info().size > 1:
             torch.distributed.destroy_process_group()
 
-
     def _determine_num_pages(self, local_kv_heads: int) -> int:
         cfg, mc = self.config, self.model_config
         page_bytes = 2 * mc.num_layers * local_kv_heads * mc.head_dim * cfg.page_size * self.dtype.itemsize
