@@ -69,11 +69,11 @@ def caption_html(cell: steps.Cell, modified: bool = False, gpu: bool = False) ->
     text = f'<code class="listing-file">{html.escape(cell.file)}</code>'
     if cell.part and cell.part != cell.file:
         text += f' · <span class="listing-part">{html.escape(cell.part)}</span>'
-    tags = [label for key, label in _TAGS.items() if getattr(cell, key)]
-    if modified:
-        tags.append("修改")
-    for label in tags:
-        text += f' <span class="listing-tag">{label}</span>'
+    for key, label in _TAGS.items():
+        if getattr(cell, key):
+            text += f' <span class="listing-tag">{label}</span>'
+    if modified:  # 替换了前面章节写的同一段
+        text += ' <span class="listing-tag modified">修改</span>'
     if gpu:
         text += ' <span class="listing-tag gpu">GPU</span>'
     return f'<div class="listing-caption">{text}</div>'
