@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch06_kvcache.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch06_kvcache.ipynb and ch10_chunked_prefill.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -67,10 +67,17 @@ class Req:
     def remain_len(self) -> int:
         return self.max_device_len - self.device_len
 
+    @property
+    def is_chunked(self) -> bool:
+        """这一块算完之后，提示词还没有全部进入 KV 池（分块预填充的中间几块）。"""
+        return self.device_len < len(self.input_ids)
+
     def complete_one(self) -> None:
         """一步前向做完：送进去的 token 都有了 K/V；新采样的 token 将在下一步送进去。"""
+        chunked = self.is_chunked
         self.cached_len = self.device_len
-        self.device_len += 1
+        if not chunked:  # 分块的中间几块：这一步采样出的 token 作废，下一步接着算提示词
+            self.device_len += 1
 
     def append_host(self, token: int) -> None:
         self.input_ids = torch.cat([self.input_ids, torch.tensor([token], dtype=torch.int32)])
@@ -107,19 +114,26 @@ class Batch:
     def is_decode(self) -> bool:
         return self.phase == "decode"
 
-    def prepare(self, page_table: torch.Tensor) -> None:
-        """在 CPU 上拼好 input_ids 和 positions，一次拷到设备上；再从页表查出每个 token 的槽号。"""
+    def prepare(self, page_table: torch.Tensor, token_pool: torch.Tensor | None = None) -> None:
+        """在 CPU 上拼好 input_ids 和 positions，一次拷到设备上；再从页表查出每个 token 的槽号。
+
+        给了 token_pool（[R, S] int32，和页表同形，第 11 章）时，input_ids 在设备上从它里面取。
+        """
         reqs = self.padded_reqs
         assert reqs and all(r.extend_len > 0 for r in reqs), "empty batch or request"
         assert not self.is_decode or all(r.extend_len == 1 for r in reqs), "decode is one token each"
-        ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])  # [T]
         pos = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])  # [T]
         rows = torch.cat([torch.full((r.extend_len,), r.table_idx, dtype=torch.int32) for r in reqs])  # [T]
-        host = torch.stack([ids, pos, rows])  # [3, T] int32：一次拷贝
+        if token_pool is None:
+            ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])  # [T]
+            host = torch.stack([ids, pos, rows])  # [3, T] int32：一次拷贝
+        else:
+            host = torch.stack([pos, rows])  # [2, T]
         dev = page_table.device
         if dev.type == "cuda":
             host = host.pin_memory()
-        self.input_ids, self.positions, rows = host.to(dev, non_blocking=True).unbind(0)
+        *ids_dev, self.positions, rows = host.to(dev, non_blocking=True).unbind(0)
+        self.input_ids = ids_dev[0] if token_pool is None else token_pool[rows, self.positions]  # [T]
         self.out_loc = page_table[rows, self.positions]  # [T]
 
 

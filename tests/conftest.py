@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch01_skeleton.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch01_skeleton.ipynb and ch09_continuous_batching.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import shutil
@@ -104,3 +104,51 @@ def smollm2() -> Path:
     from minisgl.utils.hf import default_model_path
 
     return default_model_path()
+
+
+def mixed_workload(seed: int = 0, n: int = 64, vocab: int = 5000):
+    """n 个长短不一的请求：奇数号的共享 4 个 24-token 前缀之一（前缀缓存能命中），各生成 1–10 个 token。"""
+    import random
+
+    from minisgl.core import SamplingParams
+
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(100, vocab) for _ in range(24)] for _ in range(4)]
+    prompts, params = [], []
+    for i in range(n):
+        tail = [rng.randrange(100, vocab) for _ in range(rng.randint(1, 40))]
+        prompts.append((prefixes[i % 4] if i % 2 else []) + tail)
+        params.append(SamplingParams(max_tokens=rng.randint(1, 10), ignore_eos=True))
+    return prompts, params
+
+
+def generate_alone(path, prompts, params, **config):
+    """参照答案：每个请求单独跑（一个请求槽、不复用前缀）。config 可以换设备（GPU 测试）。"""
+    from minisgl.llm import LLM
+
+    llm = LLM(path, **{"device": "cpu", **config}, max_running_req=1, cache_type="naive", num_pages=1024,
+              max_seq_len_override=256)
+    try:
+        return [llm.generate([p], [s], use_tqdm=False)[0]["token_ids"] for p, s in zip(prompts, params)]
+    finally:
+        llm.shutdown()
+
+
+def check_batched(path, prompts, params, ref, page_size: int = 1, **config) -> None:
+    """一起提交，两轮，逐 token 等于参照；每轮之后资源全部回来；清空缓存后所有页空闲。"""
+    from minisgl.llm import LLM
+
+    llm = LLM(path, **{"device": "cpu", **config}, page_size=page_size, num_pages=4096 // page_size,
+              max_running_req=64, max_seq_len_override=256)
+    try:
+        for _ in range(2):  # 第二轮：第一轮的前缀已经在缓存里
+            got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+            assert got == ref, [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
+            assert llm.table.num_free == 64 and not llm.running
+            llm.cache.check_integrity()
+        if config.get("cache_type", "radix") == "radix":
+            assert llm.cache.hit_tokens > 0, "the second round should hit the prefix cache"
+        llm.cache.flush()
+        assert len(llm.cache.free_pages) == llm.cache.num_pages, "flushing the cache frees every page"
+    finally:
+        llm.shutdown()

@@ -32,6 +32,10 @@ def random_checkpoint(config_path: Path, folder: Path) -> Path:
     model.save_pretrained(folder)
     del model
     torch.cuda.empty_cache()
+    from minisgl.utils.hf import qwen3_tokenizer_dir  # Qwen3 的真实分词器：LLM 要用它
+
+    for f in qwen3_tokenizer_dir().iterdir():
+        shutil.copy(f, folder / f.name)
     return folder
 
 

@@ -211,12 +211,14 @@ def _contains(text: str, excerpt: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- duplicates
-def _top_level_names(tree: ast.Module) -> List[Tuple[str, int]]:
-    """(name, line) for every module-level def, class and plain name assignment (`x = …`, `x: T = …`)."""
+def _top_level_names(tree: ast.Module, assignments: bool = True) -> List[Tuple[str, int]]:
+    """(name, line) for every module-level def, class and (if `assignments`) plain name assignment."""
     found = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.append((node.name, node.lineno))
+        elif not assignments:
+            continue
         elif isinstance(node, ast.Assign):
             for target in node.targets:
                 for t in ([target] if isinstance(target, ast.Name) else
@@ -246,7 +248,8 @@ def duplicate_names(state: State) -> List[Tuple[str, str, str]]:
             spans.append((line, line + n - 1, part, ch))
             line += n + 2
         where: Dict[str, List[int]] = {}
-        for name, lineno in _top_level_names(tree):
+        # 例子和测试是脚本：变量重新赋值（t0 = …）是正常的，只查 def 和 class；minisgl/ 里连赋值也查
+        for name, lineno in _top_level_names(tree, assignments=file.startswith("minisgl/")):
             where.setdefault(name, []).append(lineno)
         for name, lines in where.items():
             if len(lines) < 2:

@@ -72,14 +72,14 @@ class Engine:
                           f"KV pool {self.num_pages} pages x {config.page_size} tokens "
                           f"({self.kv_cache.nbytes / 2**20:.0f} MiB), max_seq_len {self.max_seq_len}")
 
-    def prepare_batch(self, batch: Batch) -> None:
-        """补齐（能用 CUDA Graph 时）、把输入拷到设备上、准备注意力的元数据。"""
+    def prepare_batch(self, batch: Batch, token_pool: torch.Tensor | None = None) -> None:
+        """补齐（能用 CUDA Graph 时）、把输入拷到设备上、准备注意力的元数据。token_pool 见 Batch.prepare。"""
         if self.graph_runner.can_use(batch):
             self.graph_runner.pad(batch)
-            batch.prepare(self.page_table)
+            batch.prepare(self.page_table, token_pool)
             self.ctx.attn_backend.prepare_for_graph(batch)
         else:
-            batch.prepare(self.page_table)
+            batch.prepare(self.page_table, token_pool)
             self.ctx.attn_backend.prepare_metadata(batch)
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:

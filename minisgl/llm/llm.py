@@ -1,0 +1,75 @@
+# Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from minisgl.core import SamplingParams
+from minisgl.message import DetokenizeMsg, UserMsg
+from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.utils.hf import load_tokenizer, resolve_model_path
+
+Prompt = str | List[int]
+
+
+class LLM(Scheduler):
+    """离线推理：在本进程里跑调度器。LLM(model, **config).generate(prompts, sampling_params)。"""
+
+    def __init__(self, model: str | None = None, **config: Any) -> None:
+        path = resolve_model_path(model)
+        super().__init__(SchedulerConfig(model_path=path, **config))
+        self.tokenizer = load_tokenizer(path)
+        self._outputs: Dict[int, List[int]] = {}
+        self._done: Dict[int, str] = {}
+        self._next_uid = 0
+
+    def send_result(self, replies: List[DetokenizeMsg]) -> None:
+        for r in replies:
+            if r.next_token >= 0:
+                self._outputs[r.uid].append(r.next_token)
+            if r.finished:
+                self._done[r.uid] = r.finish_reason or "stop"
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> List[Dict[str, Any]]:
+        """prompts：一个或一组（字符串或 token id 列表）；sampling_params：一个（所有请求共用）或每个请求一个。
+
+        返回每个请求一个 {"text", "token_ids", "finish_reason"}，顺序与 prompts 相同。
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = sampling_params if isinstance(sampling_params, (list, tuple)) else \
+            [sampling_params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
+        uids = []
+        for prompt, sp in zip(prompts, params):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if not ids:
+                raise ValueError("a prompt is empty: give at least one token")
+            if len(ids) >= self.engine.max_seq_len:
+                raise ValueError(f"a prompt has {len(ids)} tokens; max_seq_len is {self.engine.max_seq_len} "
+                                 "(--max-seq-len-override)")
+            uid, self._next_uid = self._next_uid, self._next_uid + 1
+            self._outputs[uid] = []
+            uids.append(uid)
+            self.receive_msg(UserMsg(uid, torch.tensor(ids, dtype=torch.int32), sp))
+        bar = tqdm(total=len(uids), desc="generate", disable=not use_tqdm)
+        with torch.inference_mode():
+            while any(u not in self._done for u in uids):
+                before = len(self._done)
+                if not self.run_step():
+                    raise RuntimeError("the scheduler stopped with requests unfinished")  # 不应发生：防止死循环
+                bar.update(len(self._done) - before)
+            while self.run_step():  # 重叠时最后一步的结果还在飞行中：把它处理完，资源才会释放
+                pass
+        bar.close()
+        results = []
+        for uid in uids:
+            ids = self._outputs.pop(uid)
+            results.append({"text": self.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
+                            "finish_reason": self._done.pop(uid)})
+        return results

@@ -1,0 +1,205 @@
+# Tangled from book/chapters/ch10_chunked_prefill.ipynb and ch11_overlap.ipynb — edit the notebooks, not this file.
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, List, NamedTuple, Set
+
+import torch
+
+from minisgl.core import Batch, Req
+from minisgl.engine import Engine, ForwardOutput
+from minisgl.message import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, DetokenizeMsg, ExitMsg, UserMsg
+from minisgl.utils import init_logger
+
+from .cache import CacheManager
+from .config import SchedulerConfig
+from .decode import DecodeManager
+from .prefill import PrefillManager
+from .table import TableManager
+from .utils import PendingReq, eos_token_ids
+
+logger = init_logger(__name__)
+
+
+def schedule_policy(prefill: PrefillManager, decode: DecodeManager, cache: CacheManager,
+                    budget: int) -> Batch | None:
+    """混合批：运行中的请求每步各 decode 一个 token；剩下的 token 预算给 prefill——分块请求的下一块和排队的
+    新请求。没有要 prefill 的，就是一个纯 decode 批（GPU 上能用 CUDA Graph）。"""
+    running = decode.ready()
+    batch = prefill.schedule_next_batch(max(budget - len(running), 1))  # 至少 1 个：新请求不会被饿死
+    if batch is None:
+        return decode.schedule_next_batch(cache)
+    if not running:
+        return batch
+    cache.grow(running)
+    return Batch(running + batch.reqs, "prefill")
+
+
+class Scheduler:
+    """一个 TP rank 上的调度器：收请求、每步挑一批（prefill 优先）、交给引擎、处理结果、释放资源。
+
+    输入是 receive_msg(消息)，输出是 send_result(DetokenizeMsg 列表)：离线的 LLM（本章）和多进程的服务
+    （第 14 章）各自实现 send_result。
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.engine = Engine(config)
+        e = self.engine
+        self.table = TableManager(config.max_running_req, e.page_table)
+        self.cache = CacheManager(e.page_table, e.num_pages, config.page_size, config.cache_type)
+        self.prefill = PrefillManager(self.cache, self.table)
+        self.decode = DecodeManager()
+        self.eos_ids = eos_token_ids(config.model_path)
+        self.running: Dict[int, Req] = {}  # 占着槽和页的请求（prefill 中或 decode 中）
+        self._in_flight: Set[int] = set()  # 已经提交给 GPU、结果还没处理的那一步里的请求（第 11 章）
+        self._deferred: Dict[int, Req] = {}  # 已经结束、但还在飞行中的那一步里：等那一步算完再释放
+        self._last: LaunchedStep | None = None
+        self.exiting = False
+
+    # ------------------------------------------------------------------ 输入
+    def receive_msg(self, msg: BaseBackendMsg) -> None:
+        if isinstance(msg, BatchBackendMsg):
+            for m in msg.data:
+                self.receive_msg(m)
+        elif isinstance(msg, UserMsg):
+            self.add_request(msg)
+        elif isinstance(msg, AbortBackendMsg):
+            self.abort_request(msg.uid)
+        elif isinstance(msg, ExitMsg):
+            self.exiting = True
+        else:
+            raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
+
+    def add_request(self, msg: UserMsg) -> None:
+        """检查一个新请求放不放得下；放得下就排队，否则立刻以 abort 结束它（绝不让它在队列里挂起）。"""
+        n, sp = len(msg.input_ids), msg.sampling_params
+        error = None
+        if n == 0:
+            error = "the prompt is empty"
+        elif n >= self.engine.max_seq_len:
+            error = f"the prompt has {n} tokens; this server takes at most {self.engine.max_seq_len - 1}"
+        if error:
+            logger.warning(f"request {msg.uid} refused: {error}")
+            self.send_result([DetokenizeMsg(msg.uid, -1, True, "abort")])
+            return
+        if sp.max_tokens > self.engine.max_seq_len - n:  # 引擎保证池子装得下一个 max_seq_len 的请求
+            sp = replace(sp, max_tokens=self.engine.max_seq_len - n)
+        self.prefill.add(PendingReq(msg.uid, msg.input_ids, sp))
+
+    def abort_request(self, uid: int) -> None:
+        """在任何状态下中止一个请求：排队中、分块预填充中、decode 中、在飞行中的那一步里。资源只释放一次。"""
+        if self.prefill.abort(uid):
+            self.send_result([DetokenizeMsg(uid, -1, True, "abort")])
+            return
+        req = self.running.get(uid)
+        if req is None:  # 已经结束（或者根本没有这个请求）：什么也不做
+            return
+        self._finish(req)
+        self.send_result([DetokenizeMsg(uid, -1, True, "abort")])
+
+    def send_result(self, replies: List[DetokenizeMsg]) -> None:
+        raise NotImplementedError("Scheduler.send_result: the offline LLM and the server each implement it")
+
+    # ------------------------------------------------------------------ 一步
+    def schedule_next_batch(self) -> Batch | None:
+        batch = schedule_policy(self.prefill, self.decode, self.cache, self.config.max_extend_tokens)
+        if batch is not None and batch.is_prefill:
+            for req in batch.reqs:
+                if req.uid not in self.running:  # 新接纳的请求：提示词写进 token 表
+                    self.running[req.uid] = req
+                    self.table.token_pool[req.table_idx, :len(req.input_ids)] = \
+                        req.input_ids.to(self.table.token_pool.device, non_blocking=True)
+        return batch
+
+    def launch(self, batch: Batch) -> LaunchedStep:
+        has_token = [not r.is_chunked for r in batch.reqs]  # 在 forward_batch 改动长度之前记下
+        self.engine.prepare_batch(batch, self.table.token_pool)
+        out = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch.reqs))
+        # 新 token 直接在设备上写进 token 表：下一步的输入从那里取，不必等它拷回 CPU
+        keep = [i for i, ok in enumerate(has_token) if ok]
+        if keep:
+            host = torch.tensor([[batch.reqs[i].table_idx, batch.reqs[i].cached_len, i] for i in keep])  # [K, 3]
+            rows, cols, which = host.to(out.next_tokens_gpu.device, non_blocking=True).unbind(1)
+            self.table.token_pool[rows, cols] = out.next_tokens_gpu[which]
+        return LaunchedStep(batch, out, has_token)
+
+    def process(self, step: LaunchedStep) -> None:
+        """一步的结果：每个请求的新 token，判断是否结束；结束的释放资源，prefill 完的转入 decode。"""
+        if step.out.copy_done_event is not None:
+            step.out.copy_done_event.synchronize()
+        replies = []
+        for req, token, has_token in zip(step.batch.reqs, step.out.next_tokens_cpu.tolist(), step.has_token):
+            if req.uid in self._deferred:  # 已经结束：这一步的 token 丢掉；它不在飞行中的那一步里了，就释放
+                if req.uid not in self._in_flight:
+                    self._release(self._deferred.pop(req.uid))
+                continue
+            if req.uid not in self.running or not has_token:  # 中止了的；或分块还没算完，没有 token
+                continue
+            req.append_host(token)
+            reason = self._finish_reason(req, token)
+            replies.append(DetokenizeMsg(req.uid, token, reason is not None, reason))
+            if reason is not None:
+                self._finish(req)
+            elif step.batch.is_prefill:
+                self.decode.add(req)
+        if replies:
+            self.send_result(replies)
+
+    def step(self) -> bool:
+        """不重叠的一步：挑批、前向、处理结果。没有事可做时返回 False。"""
+        batch = self.schedule_next_batch()
+        if batch is None:
+            return False
+        self.process(self.launch(batch))
+        return True
+
+    def overlap_step(self) -> bool:
+        """重叠的一步：先把第 N 步提交给 GPU，再处理第 N-1 步的结果——CPU 的工作藏在 GPU 的计算后面。"""
+        batch = self.schedule_next_batch()
+        launched = self.launch(batch) if batch is not None else None
+        self._in_flight = {r.uid for r in batch.reqs} if batch is not None else set()
+        last, self._last = self._last, launched
+        if last is not None:
+            self.process(last)
+        return launched is not None or last is not None
+
+    def run_step(self) -> bool:
+        return self.overlap_step() if self.config.enable_overlap else self.step()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.prefill.pending or self.prefill.chunked or self.running or self._last)
+
+    # ------------------------------------------------------------------ 结束与释放
+    def _finish_reason(self, req: Req, token: int) -> str | None:
+        sp = req.sampling_params
+        if (not sp.ignore_eos and token in self.eos_ids) or token in sp.stop_token_ids:
+            return "stop"
+        if len(req.input_ids) >= req.max_device_len:  # 数 CPU 上已有的 token：重叠时 device_len 已经走到下一步了
+            return "length"
+        return None
+
+    def _finish(self, req: Req) -> None:
+        """请求结束（或中止）：不再调度它；它若在飞行中的那一步里，等那一步算完再释放。"""
+        del self.running[req.uid]
+        self.decode.remove(req)
+        if req.uid in self._in_flight:
+            self._deferred[req.uid] = req
+        else:
+            self._release(req)
+
+    def _release(self, req: Req) -> None:
+        self.cache.release(req)
+        self.table.free(req.table_idx)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+class LaunchedStep(NamedTuple):
+    """提交给 GPU 的一步：批、引擎的输出，以及每个请求这一步有没有新 token（提交时就定了）。"""
+
+    batch: Batch
+    out: ForwardOutput
+    has_token: List[bool]  # 分块预填充还没算完的请求没有

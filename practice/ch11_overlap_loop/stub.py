@@ -1,0 +1,3 @@
+def simulate(requests, aborts):
+    """返回 (outputs, released)。"""
+    raise NotImplementedError

@@ -1,0 +1,110 @@
+# Tangled from book/chapters/ch11_overlap.ipynb — edit the notebook, not this file.
+"""第 11 章：所有调度组合下结果与单独运行相同；五种状态下的中止不泄漏、不重复释放。"""
+import itertools
+from typing import List
+
+import pytest
+import torch
+
+from conftest import check_batched, generate_alone, mixed_workload
+from minisgl.core import SamplingParams
+from minisgl.message import DetokenizeMsg, UserMsg
+from minisgl.scheduler import Scheduler, SchedulerConfig
+
+WORKLOAD = mixed_workload()
+COMBOS = list(itertools.product(["radix", "naive"], [1, 16], [16, 8192], [False, True]))
+
+
+@pytest.fixture(scope="module")
+def reference(request):
+    cache = {}
+
+    def get(fixture: str):
+        if fixture not in cache:
+            cache[fixture] = generate_alone(request.getfixturevalue(fixture), *WORKLOAD)
+        return cache[fixture]
+
+    return get
+
+
+@pytest.mark.parametrize("cache_type,page_size,budget,overlap", COMBOS)
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "smollm2"])
+def test_every_combination_equals_alone(fixture, cache_type, page_size, budget, overlap, reference, request) -> None:
+    check_batched(request.getfixturevalue(fixture), *WORKLOAD, reference(fixture), page_size=page_size,
+                  cache_type=cache_type, max_extend_tokens=budget, enable_overlap=overlap)
+
+
+@pytest.mark.gpu
+def test_gpu_overlap_on_and_off_equal_alone(tiny_qwen3_hd128) -> None:
+    gpu = dict(device="cuda", dtype="float32", attention_backend="torch")
+    ref = generate_alone(tiny_qwen3_hd128, *WORKLOAD, **gpu)
+    for overlap in (False, True):
+        check_batched(tiny_qwen3_hd128, *WORKLOAD, ref, page_size=16, max_extend_tokens=16, enable_overlap=overlap,
+                      **gpu)
+
+
+class Collect(Scheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.replies: List[DetokenizeMsg] = []
+
+    def send_result(self, replies: List[DetokenizeMsg]) -> None:
+        self.replies.extend(replies)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_abort_in_every_state(tiny_qwen3, overlap: bool) -> None:
+    s = Collect(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=512, max_running_req=8,
+                                max_seq_len_override=256, max_extend_tokens=16, enable_overlap=overlap))
+
+    def user(uid: int, n: int, m: int) -> None:
+        s.receive_msg(UserMsg(uid, torch.arange(100, 100 + n, dtype=torch.int32),
+                              SamplingParams(max_tokens=m, ignore_eos=True)))
+
+    user(0, 60, 20)  # 长提示词：要分块
+    for uid in range(1, 8):
+        user(uid, 5, 20)
+    user(8, 5, 3)
+    user(9, 5, 20)  # 请求槽只有 8 个：9 在排队
+    seen = set()
+    with torch.inference_mode():
+        s.run_step()
+        assert s.prefill.chunked is not None and s.prefill.chunked.uid == 0
+        assert (0 in s._in_flight) == overlap
+        s.abort_request(0)  # 分块预填充中（重叠时也在飞行中的那一步里）
+        seen.add("chunked")
+        assert any(p.uid == 9 for p in s.prefill.pending)
+        s.abort_request(9)  # 排队中
+        seen.add("waiting")
+        while 1 not in s.decode.running:
+            s.run_step()
+        s.abort_request(1)  # decode 中
+        seen.add("decoding")
+        while True:  # 8 的最后一个 token 已经算了、结果还没处理：已经结束但还没报告
+            s.run_step()
+            r8 = s.running.get(8)
+            if r8 is None or (overlap and r8.remain_len <= 0 and 8 in s._in_flight):
+                break
+        if overlap:
+            assert r8 is not None and 8 in s._in_flight
+            s.abort_request(8)
+            seen.add("finished, not reported")
+        s.abort_request(2)  # 运行中；重叠时它在飞行中的那一步里
+        s.abort_request(2)  # 重复的中止
+        seen.add("in flight" if overlap else "running")
+        while s.run_step():
+            s.cache.check_integrity()
+        s.abort_request(3)  # 已经结束：什么也不做
+    done = {}
+    for r in s.replies:
+        if r.finished:
+            assert r.uid not in done, f"request {r.uid} finished twice"
+            done[r.uid] = r.finish_reason
+    assert sorted(done) == list(range(10))
+    assert {u for u, why in done.items() if why == "abort"} == ({0, 1, 2, 8, 9} if overlap else {0, 1, 2, 9})
+    assert len(seen) == (5 if overlap else 4) and not s._deferred and not s.running
+    s.cache.check_integrity()
+    assert s.table.num_free == 8
+    s.cache.flush()
+    assert len(s.cache.free_pages) == 512
+    s.shutdown()
