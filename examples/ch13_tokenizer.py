@@ -64,25 +64,28 @@ def main() -> None:
     print(f"\nstop=['Observation:']：送进 {len(replies)}/{len(ids)} 个 token 后结束（{replies[-1].finish_reason}），"
           f"输出 {''.join(r.incremental_output for r in replies)!r}")
 
-    # 3. 1000 个 token 的输出：增量解码 vs 每步重新解码全部输出
+    # 3. 长输出：增量解码 vs 每步重新解码全部输出（主角是 1000 个 token）
     rng = random.Random(0)
     words = "推理引擎 把 请求 分成 预填充 和 解码 两个 阶段 the scheduler batches requests 🚀 KV cache 页 表".split()
-    ids = smol.encode(" ".join(rng.choice(words) for _ in range(900)))[:1000]
-    assert len(ids) == 1000
-    one_shot = smol.decode(ids, skip_special_tokens=True)
-    print("\n1000 个 token 的输出（SmolLM2 分词器），逐 token 流式解码：")
-    print("| 做法 | 总用时 | 每个 token | 拼起来等于一次性解码 |")
-    print("|------|-------:|-----------:|:--------------------:|")
-    for name, fn in [("增量（本章）", lambda: [r.incremental_output for r in stream(smol, ids)]),
-                     ("每步重新解码全部", lambda: redecode_all(smol, ids))]:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            pieces = fn()
-            times.append(time.perf_counter() - t0)
-        same = "".join(pieces) == one_shot
-        assert same, name
-        print(f"| {name} | {min(times) * 1e3:.1f} ms | {min(times) / len(ids) * 1e6:.1f} µs | {same} |")
+    all_ids = smol.encode(" ".join(rng.choice(words) for _ in range(3600)))
+    print("\n逐 token 流式解码一段输出（SmolLM2 分词器，中英文和 emoji 混排），每个 token 平均花多少时间：")
+    print("| 输出长度 | 增量（本章） | 每步重新解码全部 | 倍数 | 拼起来等于一次性解码 |")
+    print("|---------:|-------------:|-----------------:|-----:|:--------------------:|")
+    for n in (250, 1000, 4000):
+        ids = all_ids[:n]
+        assert len(ids) == n
+        one_shot = smol.decode(ids, skip_special_tokens=True)
+        per_token = []
+        for fn in (lambda: [r.incremental_output for r in stream(smol, ids)], lambda: redecode_all(smol, ids)):
+            times = []
+            for _ in range(3 if n <= 1000 else 1):
+                t0 = time.perf_counter()
+                pieces = fn()
+                times.append(time.perf_counter() - t0)
+            assert "".join(pieces) == one_shot
+            per_token.append(min(times) / n)
+        print(f"| {n} | {per_token[0] * 1e6:.1f} µs | {per_token[1] * 1e6:.1f} µs | "
+              f"{per_token[1] / per_token[0]:.0f}× | True |")
 
     # 4. 一个分词进程（--num-tokenizer 0：分词、反分词在同一个进程里），经 ZMQ 收发
     tmp = tempfile.mkdtemp()

@@ -537,7 +537,7 @@ def cmd_test(nums: List[int], gpu: bool, extra: List[str], timeout: int, show: b
 _BOOT = """
 import os, runpy, sys
 tree, script = sys.argv[1], sys.argv[2]
-sys.path = [os.path.dirname(script)] + [p for p in sys.path if p not in ("", os.getcwd())]  # 同 python script.py
+sys.path = [os.path.dirname(script)] + sys.path[1:]  # 同 python script.py：换掉 -c 的 ""，保留 PYTHONPATH（树）
 import minisgl
 assert os.path.realpath(minisgl.__file__).startswith(os.path.realpath(tree) + os.sep), \\
     f"minisgl was imported from {minisgl.__file__}, not from {tree}"
