@@ -204,6 +204,13 @@ def test_routing_with_a_separate_tokenizer(tokenizers: Dict[str, Any]) -> None:
     assert out.detokenizer == [AbortMsg(uid=1)] and not out.backend
     assert detokenizer.step(out.detokenizer).backend == [AbortBackendMsg(uid=1)]
     assert not detokenizer.detokenize_manager.states
+    ids = tok.encode("1 2 3")  # 登记晚于第一个 token 到达：已经解码的不丢，stop 字符串照样生效
+    first = detokenizer.step([DetokenizeMsg(2, ids[0], False)]).frontend
+    detokenizer.step([DetokenizeInfoMsg(uid=2, prompt_tokens=4, stop=["3"])])
+    rest = detokenizer.step([DetokenizeMsg(2, t, False) for t in ids[1:]])
+    assert "".join(r.incremental_output for r in first + rest.frontend) == "1 2 "
+    assert rest.frontend[-1].finish_reason == "stop" and rest.frontend[-1].prompt_tokens == 4
+    assert rest.backend == [AbortBackendMsg(uid=2)]
 
 
 def unwrap(msg: Any) -> List[Any]:

@@ -39,7 +39,8 @@ class DetokenizeManager:
     def add_request(self, uid: int, prompt_tokens: int = 0, stop: Sequence[str] = ()) -> None:
         if uid in self.forgotten:  # 还没开始就已经中止了
             return
-        self.states[uid] = DecodeState(stop=[s for s in stop if s], prompt_tokens=prompt_tokens)
+        s = self.states.setdefault(uid, DecodeState())  # 登记比第一个 token 晚到（走的是另一条路）：补上
+        s.stop, s.prompt_tokens = [x for x in stop if x], prompt_tokens
 
     def abort(self, uid: int) -> None:
         self.states.pop(uid, None)
