@@ -66,7 +66,8 @@ class TokenizerLoop:
             user = self.tokenize_manager.tokenize(msg)
         except Exception as e:  # 一个坏请求不能拖垮整个进程：结束它，接着服务别人
             logger.warning(f"request {msg.uid}: cannot tokenize it: {e}")
-            out.frontend.append(UserReply(uid=msg.uid, incremental_output="", finished=True, finish_reason="abort"))
+            reply = UserReply(uid=msg.uid, incremental_output="", finished=True, finish_reason="abort")
+            out.frontend.append(reply)
             return
         info = DetokenizeInfoMsg(uid=msg.uid, prompt_tokens=len(user.input_ids), stop=list(msg.stop))
         if self.to_detokenizer:

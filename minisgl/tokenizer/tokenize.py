@@ -25,12 +25,15 @@ class TokenizeManager:
         assert isinstance(prompt, str), type(prompt)
         return prompt
 
-    def encode(self, text: str | List[Dict[str, str]], chat_options: Dict[str, Any] | None = None) -> List[int]:
+    def encode(self, text: str | List[Dict[str, str]],
+               chat_options: Dict[str, Any] | None = None) -> List[int]:
         # 模板渲染出来的文字里已经有 BOS 之类的特殊 token，不能再加一遍；纯提示词按分词器的默认规则加
-        return self.tokenizer.encode(self.render(text, chat_options), add_special_tokens=isinstance(text, str))
+        prompt = self.render(text, chat_options)
+        return self.tokenizer.encode(prompt, add_special_tokens=isinstance(text, str))
 
     def tokenize(self, msg: TokenizeMsg) -> UserMsg:
         ids = self.encode(msg.text, msg.chat_options)
         if not ids:
             raise ValueError(f"request {msg.uid}: the prompt is empty after tokenization")
-        return UserMsg(uid=msg.uid, input_ids=torch.tensor(ids, dtype=torch.int32), sampling_params=msg.sampling_params)
+        input_ids = torch.tensor(ids, dtype=torch.int32)  # [L]，CPU
+        return UserMsg(uid=msg.uid, input_ids=input_ids, sampling_params=msg.sampling_params)
