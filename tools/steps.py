@@ -7,7 +7,9 @@
     python tools/steps.py test [N ...] [--gpu] [--show-output] [-- pytest args]
                                              each chapter's tests (tests/test_chNN_*.py) inside its own tree
     python tools/steps.py check [N ...]      run chapter N's example inside chapter N's tree
-    python tools/steps.py execute [chNN ...] run notebooks headless (nbclient) and store their outputs
+    python tools/steps.py execute [chNN ...] [--gpu-only | --cells ID,...]
+                                             run notebooks headless (nbclient) and store their outputs
+                                             (--gpu-only / --cells: only the setup cell and those cells)
     python tools/steps.py parts [N]          list every (file, part) and the chapter that wrote it last
 
 A code cell is tangled when it starts with directive lines:
@@ -537,7 +539,7 @@ def cmd_test(nums: List[int], gpu: bool, extra: List[str], timeout: int, show: b
 _BOOT = """
 import os, runpy, sys
 tree, script = sys.argv[1], sys.argv[2]
-sys.path = [os.path.dirname(script)] + sys.path[1:]  # 同 python script.py：换掉 -c 的 ""，保留 PYTHONPATH（树）
+sys.path = [os.path.dirname(script)] + [p for p in sys.path if p != ""]  # 同 python script.py（-c 加的是 ""）
 import minisgl
 assert os.path.realpath(minisgl.__file__).startswith(os.path.realpath(tree) + os.sep), \\
     f"minisgl was imported from {minisgl.__file__}, not from {tree}"
@@ -623,8 +625,9 @@ def cmd_execute(names: List[str], timeout: int, gpu_only: bool, cell_ids: List[s
             continue
         finally:
             nbformat.write(nb, path)  # run 的单元格就是 nb 里的同一批对象
-        print(f"executed {path.name} in {time.time() - t0:.0f}s ({'GPU' if has_gpu else 'CPU'}; "
-              f"{'only cells tagged gpu' if gpu_only else f'only cells {cell_ids}' if cell_ids else 'all cells' if has_gpu else 'cells tagged gpu skipped'})")
+        which = ("only cells tagged gpu" if gpu_only else f"only cells {','.join(cell_ids)}" if cell_ids
+                 else "all cells" if has_gpu else "cells tagged gpu skipped")
+        print(f"executed {path.name} in {time.time() - t0:.0f}s ({'GPU' if has_gpu else 'CPU'}; {which})")
     return 1 if failed else 0
 
 
