@@ -167,6 +167,11 @@ def test_finish_reasons_and_usage(tokenizers: Dict[str, Any]) -> None:
     # 用户指定的 stop token 可能是普通 token："stop" 结束时不显示最后一个 token，"length" 结束时显示
     assert text_of(feed(DetokenizeManager(tok), ids, finish_reason="stop")) == tok.decode(ids[:-1])
     assert text_of(feed(DetokenizeManager(tok), ids, finish_reason="length")) == tok.decode(ids)
+    d = DetokenizeManager(tok)  # 调度器中止（提示词太长、客户端断开）：最后一条消息不带 token
+    d.add_request(2, prompt_tokens=3)
+    r = feed(d, tok.encode("好的，") + [-1], uid=2, finish_reason="abort")
+    assert text_of(r) == "好的，" and r[-1].finish_reason == "abort"
+    assert r[-1].completion_tokens == len(tok.encode("好的，")) and not d.states
 
 
 def test_routing_in_one_process(tokenizers: Dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ class DetokenizeMsg(BaseTokenizerMsg):
     uid: int
     next_token: int
     finished: bool
-    finish_reason: str | None = None  # finished 时："stop"（EOS 或 stop token）| "length" | "abort"
+    finish_reason: str | None = None  # finished 时："stop"（EOS 或 stop token）| "length" | "abort"（不带 token）
 
 
 @dataclass

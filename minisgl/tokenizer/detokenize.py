@@ -63,8 +63,9 @@ class DetokenizeManager:
                     del self.forgotten[msg.uid]
                 return None
             s = self.states[msg.uid] = DecodeState()  # 没有登记过（例如直接给调度器发 UserMsg 的测试）
-        s.completion_tokens += 1
-        if not (msg.finished and msg.finish_reason == "stop"):  # EOS / stop token 不显示
+        aborted = msg.finished and msg.finish_reason == "abort"  # 中止的消息不带 token（next_token 是 -1）
+        s.completion_tokens += not aborted
+        if not (msg.finished and msg.finish_reason in ("stop", "abort")):  # EOS / stop token 不显示
             s.ids.append(msg.next_token)
         _advance(s, self.decode, final=msg.finished)
         piece, hit = _take(s, final=msg.finished)
