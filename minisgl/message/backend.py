@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch12_message_zmq.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +16,8 @@ class BaseBackendMsg:
 
 @dataclass
 class UserMsg(BaseBackendMsg):
+    """一个新请求：已经分好词的提示词和它的采样参数。"""
+
     uid: int
     input_ids: torch.Tensor  # [L] int32，CPU
     sampling_params: SamplingParams
@@ -23,12 +25,14 @@ class UserMsg(BaseBackendMsg):
 
 @dataclass
 class AbortBackendMsg(BaseBackendMsg):
+    """停止为 uid 生成，释放它的请求槽和 KV 页（客户端断开，或者命中了 stop 字符串）。"""
+
     uid: int
 
 
 @dataclass
 class ExitMsg(BaseBackendMsg):
-    pass
+    """让调度器退出主循环。"""
 
 
 @dataclass

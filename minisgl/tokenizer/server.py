@@ -1,0 +1,124 @@
+# Tangled from book/chapters/ch13_tokenizer.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+import multiprocessing as mp
+from dataclasses import dataclass, field
+from typing import Any, List
+
+from minisgl.message import (AbortBackendMsg, AbortMsg, BaseBackendMsg, BaseFrontendMsg, BaseTokenizerMsg,
+                             BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg, DetokenizeInfoMsg, DetokenizeMsg,
+                             TokenizeMsg, UserReply)
+from minisgl.utils import init_logger
+from minisgl.utils.hf import load_tokenizer
+from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+
+from .detokenize import DetokenizeManager
+from .tokenize import TokenizeManager
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class Outbox:
+    backend: List[BaseBackendMsg] = field(default_factory=list)  # → 调度器
+    frontend: List[BaseFrontendMsg] = field(default_factory=list)  # → API Server
+    detokenizer: List[BaseTokenizerMsg] = field(default_factory=list)  # → detokenizer（只有单独的 tokenizer 进程用）
+
+
+class TokenizerLoop:
+    """一个分词进程对一批消息做的事，不碰套接字。
+
+    to_detokenizer=False：这个进程自己反分词（--num-tokenizer 0 时唯一的进程，或者 N > 0 时的 detokenizer）；
+    True：单独的 tokenizer 进程，反分词要用的信息和中止请求转给 detokenizer。
+    """
+
+    def __init__(self, tokenizer: Any, to_detokenizer: bool = False) -> None:
+        self.tokenize_manager = TokenizeManager(tokenizer)
+        self.detokenize_manager = DetokenizeManager(tokenizer)
+        self.to_detokenizer = to_detokenizer
+
+    def step(self, msgs: List[BaseTokenizerMsg]) -> Outbox:
+        out = Outbox()
+        for msg in msgs:  # 按到达顺序：同一个 uid 的登记、token、中止不会颠倒
+            if isinstance(msg, DetokenizeMsg):
+                reply = self.detokenize_manager.detokenize(msg)
+                if reply is None:
+                    continue
+                out.frontend.append(reply)
+                if reply.finished and not msg.finished:  # stop 字符串命中：调度器还在生成，让它停下
+                    out.backend.append(AbortBackendMsg(uid=msg.uid))
+            elif isinstance(msg, TokenizeMsg):
+                self._tokenize(msg, out)
+            elif isinstance(msg, DetokenizeInfoMsg):
+                self.detokenize_manager.add_request(msg.uid, msg.prompt_tokens, msg.stop)
+            elif isinstance(msg, AbortMsg):
+                if self.to_detokenizer:  # 由 detokenizer 忘掉状态、通知调度器：和它收到的登记消息同一条路
+                    out.detokenizer.append(msg)
+                else:
+                    self.detokenize_manager.abort(msg.uid)
+                    out.backend.append(AbortBackendMsg(uid=msg.uid))
+            else:
+                raise TypeError(f"a tokenizer process cannot handle {type(msg).__name__}")
+        return out
+
+    def _tokenize(self, msg: TokenizeMsg, out: Outbox) -> None:
+        try:
+            user = self.tokenize_manager.tokenize(msg)
+        except Exception as e:  # 一个坏请求不能拖垮整个进程：结束它，接着服务别人
+            logger.warning(f"request {msg.uid}: cannot tokenize it: {e}")
+            reply = UserReply(uid=msg.uid, incremental_output="", finished=True, finish_reason="abort")
+            out.frontend.append(reply)
+            return
+        info = DetokenizeInfoMsg(uid=msg.uid, prompt_tokens=len(user.input_ids), stop=list(msg.stop))
+        if self.to_detokenizer:
+            out.detokenizer.append(info)
+        else:
+            self.detokenize_manager.add_request(info.uid, info.prompt_tokens, info.stop)
+        out.backend.append(user)
+
+
+def _unwrap(msg: BaseTokenizerMsg) -> List[BaseTokenizerMsg]:
+    return msg.data if isinstance(msg, BatchTokenizerMsg) else [msg]
+
+
+def _batch(msgs: List[Any], batch_cls: type) -> Any:
+    return msgs[0] if len(msgs) == 1 else batch_cls(msgs)
+
+
+def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addr: str,
+                    local_bs: int = 1, tokenizer_id: int = 0, ack_queue: mp.Queue | None = None,
+                    detokenizer_addr: str | None = None) -> None:
+    """一个分词进程的主循环：从 addr 收消息，UserMsg / AbortBackendMsg 发给调度器，UserReply 发给 API Server。
+
+    detokenizer_addr=None：这个进程自己反分词；否则它是单独的 tokenizer，把登记信息和中止请求转到那里。
+    local_bs：凑够这么多条消息（或者队列空了）再处理一批。
+    """
+    if local_bs < 1:
+        raise ValueError(f"local_bs must be >= 1, got {local_bs}")
+    recv: ZmqPullQueue[BaseTokenizerMsg] = ZmqPullQueue(addr, create=create)
+    send_backend: ZmqPushQueue[BaseBackendMsg] = ZmqPushQueue(backend_addr, create=False)
+    send_frontend: ZmqPushQueue[BaseFrontendMsg] = ZmqPushQueue(frontend_addr, create=False)
+    send_detokenizer = None if detokenizer_addr is None else ZmqPushQueue(detokenizer_addr, create=False)
+    loop = TokenizerLoop(load_tokenizer(tokenizer_path), to_detokenizer=send_detokenizer is not None)
+    role = "tokenizer" if send_detokenizer is not None else "detokenizer"
+    if ack_queue is not None:
+        ack_queue.put(f"Tokenizer {tokenizer_id} ({role}) is ready")
+    try:
+        while True:
+            msgs = _unwrap(recv.get())
+            while len(msgs) < local_bs and not recv.empty():
+                msgs += _unwrap(recv.get())
+            out = loop.step(msgs)
+            if out.detokenizer:  # 先登记，再让调度器开始生成
+                assert send_detokenizer is not None
+                send_detokenizer.put(_batch(out.detokenizer, BatchTokenizerMsg))
+            if out.backend:
+                send_backend.put(_batch(out.backend, BatchBackendMsg))
+            if out.frontend:
+                send_frontend.put(_batch(out.frontend, BatchFrontendMsg))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for q in (recv, send_backend, send_frontend, send_detokenizer):
+            if q is not None:
+                q.stop()

@@ -1,0 +1,285 @@
+# Tangled from book/chapters/ch13_tokenizer.ipynb — edit the notebook, not this file.
+"""第 13 章：对话模板；增量反分词与一次性解码相同（性质测试）；stop 字符串；中止的路由；ZMQ 上的分词进程。"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import tempfile
+from typing import Any, Dict, List
+
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.message import (AbortBackendMsg, AbortMsg, BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg,
+                             DetokenizeInfoMsg, DetokenizeMsg, TokenizeMsg, UserMsg, UserReply)
+from minisgl.tokenizer import DetokenizeManager, TokenizeManager, TokenizerLoop, tokenize_worker
+from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir
+from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+
+TEXTS = ["北京烤鸭🦆很好吃。", "Hello, world! 👋🏽 👨‍👩‍👧", "日本語のテキストと한국어 텍스트", "emoji 🚀🌏🎉 and math ∑∫√π",
+         "  spaces\n\n\ttabs  ", "Ünïcödé çafé naïve", "<think>\n想一想\n</think>\n\n答案是 42。"]
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> Dict[str, Any]:
+    return {"qwen3": load_tokenizer(qwen3_tokenizer_dir()), "smollm2": load_tokenizer(default_model_path())}
+
+
+def feed(d: DetokenizeManager, ids: List[int], uid: int = 0, finish_reason: str = "length") -> List[UserReply]:
+    """把 ids 依次送进去，最后一个带 finished；返回收到的回复（请求结束就停）。"""
+    replies = []
+    for i, t in enumerate(ids):
+        last = i == len(ids) - 1
+        r = d.detokenize(DetokenizeMsg(uid, t, finished=last, finish_reason=finish_reason if last else None))
+        if r is not None:
+            replies.append(r)
+            if r.finished:
+                break
+    return replies
+
+
+def text_of(replies: List[UserReply]) -> str:
+    return "".join(r.incremental_output for r in replies)
+
+
+def random_ids(tok: Any, rng: random.Random) -> List[int]:
+    kind = rng.randrange(4)
+    if kind == 0:  # 词表里均匀随机：常常拼出不合法的 UTF-8
+        return [rng.randrange(len(tok)) for _ in range(rng.randint(1, 40))]
+    ids = tok.encode("".join(rng.choice(TEXTS) for _ in range(rng.randint(1, 3))), add_special_tokens=False)
+    if kind == 1:  # 在任意位置截断：可能截在一个字符的字节中间
+        ids = ids[: rng.randint(1, len(ids))]
+    elif kind == 2:  # 插进特殊 token 和随机 token
+        for _ in range(rng.randint(1, 4)):
+            ids.insert(rng.randint(0, len(ids)), rng.choice(tok.all_special_ids + [rng.randrange(len(tok))]))
+    return ids
+
+
+@pytest.mark.parametrize("name", ["qwen3", "smollm2"])
+def test_incremental_equals_one_shot(tokenizers: Dict[str, Any], name: str) -> None:
+    tok = tokenizers[name]
+    for seed in range(300):
+        ids = random_ids(tok, random.Random(seed))
+        d = DetokenizeManager(tok)
+        replies = feed(d, ids)
+        one_shot = tok.decode(ids, skip_special_tokens=True)
+        assert text_of(replies) == one_shot, f"seed {seed}: ids {ids}"
+        if "\ufffd" not in one_shot:
+            assert not any("\ufffd" in r.incremental_output for r in replies), f"seed {seed}: a broken character"
+        assert len(replies) == len(ids) and replies[-1].finished and not d.states  # 每个 token 一条回复，结束后清空
+
+
+def test_plain_text_streams_without_delay(tokenizers: Dict[str, Any]) -> None:
+    tok = tokenizers["smollm2"]
+    ids = tok.encode("The quick brown fox jumps over the lazy dog.")
+    assert [r.incremental_output for r in feed(DetokenizeManager(tok), ids)] == [tok.decode([t]) for t in ids]
+    ids = tok.encode("鸭")  # 一个汉字被切成几个 token：等最后一个字节到了才发
+    assert len(ids) > 1 and [r.incremental_output for r in feed(DetokenizeManager(tok), ids)] == [""] * (len(ids) - 1) + ["鸭"]
+
+
+def test_chat_templates(tokenizers: Dict[str, Any]) -> None:
+    qwen, smol = TokenizeManager(tokenizers["qwen3"]), TokenizeManager(tokenizers["smollm2"])
+    chat = [{"role": "user", "content": "你好"}]
+    thinking = qwen.render(chat, {"enable_thinking": True})
+    assert thinking == qwen.render(chat) == "<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\n"
+    assert qwen.render(chat, {"enable_thinking": False}) == thinking + "<think>\n\n</think>\n\n"
+    msg = qwen.tokenize(TokenizeMsg(uid=3, text=chat, sampling_params=SamplingParams(max_tokens=5),
+                                    chat_options={"enable_thinking": False}))
+    assert msg.uid == 3 and msg.sampling_params.max_tokens == 5 and msg.input_ids.dtype == torch.int32
+    assert msg.input_ids.tolist() == tokenizers["qwen3"].encode(thinking + "<think>\n\n</think>\n\n")
+    assert tokenizers["qwen3"].convert_tokens_to_ids("<think>") in msg.input_ids.tolist()  # 一个 token，不是字符
+    two = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    assert smol.render(two, {"enable_thinking": False}) == \
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert smol.render(chat).startswith("<|im_start|>system\n")  # 没有 system 消息时模板给一条默认的
+    assert qwen.tokenize(TokenizeMsg(0, "1+1=", SamplingParams())).input_ids.tolist() == \
+        tokenizers["qwen3"].encode("1+1=")  # 纯提示词：不套模板
+    with pytest.raises(ValueError, match="request 9: the prompt is empty"):
+        qwen.tokenize(TokenizeMsg(9, "", SamplingParams()))
+
+
+def test_think_tokens_are_kept_and_special_tokens_skipped(tokenizers: Dict[str, Any]) -> None:
+    tok = tokenizers["qwen3"]
+    ids = tok.encode("<think>\n嗯\n</think>\n\n好<|im_end|>")
+    assert len(ids) < 10 and tok.convert_tokens_to_ids("<think>") in ids
+    assert text_of(feed(DetokenizeManager(tok), ids)) == "<think>\n嗯\n</think>\n\n好"
+
+
+def test_stop_string_across_token_boundaries(tokenizers: Dict[str, Any]) -> None:
+    tok = tokenizers["smollm2"]
+    text = "Thought: think.\nObservation: 42\nFinal"
+    ids = tok.encode(text)
+    assert not any("Observation:" in tok.decode([t]) for t in ids)  # 它横跨好几个 token
+    d = DetokenizeManager(tok)
+    d.add_request(0, prompt_tokens=11, stop=["Observation:", "never"])
+    replies = feed(d, ids)
+    assert text_of(replies) == "Thought: think.\n"
+    last = replies[-1]
+    assert (last.finished, last.finish_reason, last.prompt_tokens, last.completion_tokens) == \
+        (True, "stop", 11, len(replies))
+    assert all(not r.finished for r in replies[:-1]) and len(replies) < len(ids)
+    assert d.detokenize(DetokenizeMsg(0, ids[-1], False)) is None  # 调度器停下之前路上的 token：丢掉
+    assert d.detokenize(DetokenizeMsg(0, 0, True, "abort")) is None and 0 not in d.forgotten
+
+
+def test_stop_prefix_is_held_only_while_it_could_match(tokenizers: Dict[str, Any]) -> None:
+    tok = tokenizers["smollm2"]
+    d = DetokenizeManager(tok)
+    d.add_request(0, stop=["\n\n"])
+    ids = tok.encode("a\nb\n\nc")
+    assert [tok.decode([t]) for t in ids] == ["a", "\n", "b", "\n", "\n", "c"]
+    replies = [d.detokenize(DetokenizeMsg(0, t, False)) for t in ids[:5]]
+    # "\n" 可能是 "\n\n" 的开头：扣着；"b" 一来就确定不是，和 "b" 一起发出；第二个 "\n" 到了才命中
+    assert [r.incremental_output for r in replies] == ["a", "", "\nb", "", ""]
+    assert [r.finished for r in replies] == [False] * 4 + [True] and replies[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("name", ["qwen3", "smollm2"])
+def test_stop_strings_random(tokenizers: Dict[str, Any], name: str) -> None:
+    tok = tokenizers[name]
+    for seed in range(200):
+        rng = random.Random(seed)
+        ids = tok.encode("".join(rng.choice(TEXTS) for _ in range(3)), add_special_tokens=False)
+        one_shot = tok.decode(ids, skip_special_tokens=True)
+        stops = []
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(one_shot))
+            stops.append(one_shot[i : i + rng.randint(1, 6)] if rng.random() < 0.7 else rng.choice(["zz", "🚀🚀", "。。"]))
+        hits = [i for s in stops if (i := one_shot.find(s)) >= 0]
+        d = DetokenizeManager(tok)
+        d.add_request(0, stop=stops)
+        replies = feed(d, ids)
+        want = one_shot[: min(hits)] if hits else one_shot
+        assert text_of(replies) == want, f"seed {seed}: stops {stops}"
+        assert replies[-1].finish_reason == ("stop" if hits else "length")
+
+
+def test_finish_reasons_and_usage(tokenizers: Dict[str, Any]) -> None:
+    tok = tokenizers["qwen3"]
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = tok.encode("好的")
+    d = DetokenizeManager(tok)
+    d.add_request(1, prompt_tokens=20)
+    r = feed(d, ids + [eos], uid=1, finish_reason="stop")
+    assert text_of(r) == "好的" and r[-1].finish_reason == "stop"
+    assert (r[-1].prompt_tokens, r[-1].completion_tokens) == (20, len(ids) + 1)  # EOS 也是生成的 token
+    # 用户指定的 stop token 可能是普通 token："stop" 结束时不显示最后一个 token，"length" 结束时显示
+    assert text_of(feed(DetokenizeManager(tok), ids, finish_reason="stop")) == tok.decode(ids[:-1])
+    assert text_of(feed(DetokenizeManager(tok), ids, finish_reason="length")) == tok.decode(ids)
+    d = DetokenizeManager(tok)  # 调度器中止（提示词太长、客户端断开）：最后一条消息不带 token
+    d.add_request(2, prompt_tokens=3)
+    r = feed(d, tok.encode("好的，") + [-1], uid=2, finish_reason="abort")
+    assert text_of(r) == "好的，" and r[-1].finish_reason == "abort"
+    assert r[-1].completion_tokens == len(tok.encode("好的，")) and not d.states
+
+
+def test_routing_in_one_process(tokenizers: Dict[str, Any]) -> None:
+    """--num-tokenizer 0：同一个进程分词、反分词。"""
+    tok = tokenizers["qwen3"]
+    loop = TokenizerLoop(tok)
+    out = loop.step([TokenizeMsg(1, "Count:", SamplingParams(), stop=["3"]), TokenizeMsg(2, "Hi", SamplingParams())])
+    assert [type(m) for m in out.backend] == [UserMsg, UserMsg] and not out.frontend and not out.detokenizer
+    assert loop.detokenize_manager.states[1].prompt_tokens == len(tok.encode("Count:"))
+    step = [DetokenizeMsg(1, t, False) for t in tok.encode(" 1 2 3 4")] + [DetokenizeMsg(2, t, False) for t in tok.encode("!")]
+    out = loop.step(step)
+    assert out.backend == [AbortBackendMsg(uid=1)]  # stop 命中：让调度器停下，只发一次
+    assert "".join(r.incremental_output for r in out.frontend if r.uid == 1) == " 1 2 "
+    assert [r.finish_reason for r in out.frontend if r.finished] == ["stop"]
+    assert loop.step([DetokenizeMsg(1, 5, False)]).frontend == []  # 之后到达的 token 丢掉
+    out = loop.step([AbortMsg(uid=2)])  # 客户端走了
+    assert out.backend == [AbortBackendMsg(uid=2)] and 2 not in loop.detokenize_manager.states
+    assert loop.step([DetokenizeMsg(2, 5, False)]).frontend == []
+    out = loop.step([TokenizeMsg(3, "", SamplingParams())])  # 坏请求只结束它自己
+    assert out.frontend == [UserReply(uid=3, incremental_output="", finished=True, finish_reason="abort")]
+    with pytest.raises(TypeError, match="UserMsg"):
+        loop.step([UserMsg(0, torch.zeros(1, dtype=torch.int32), SamplingParams())])  # type: ignore[list-item]
+
+
+def test_routing_with_a_separate_tokenizer(tokenizers: Dict[str, Any]) -> None:
+    """--num-tokenizer N > 0：tokenizer 把登记信息和中止转给 detokenizer，由 detokenizer 通知调度器。"""
+    tok = tokenizers["qwen3"]
+    tokenizer, detokenizer = TokenizerLoop(tok, to_detokenizer=True), TokenizerLoop(tok)
+    out = tokenizer.step([TokenizeMsg(1, "Count:", SamplingParams(), stop=["3"])])
+    assert out.detokenizer == [DetokenizeInfoMsg(uid=1, prompt_tokens=len(tok.encode("Count:")), stop=["3"])]
+    assert [m.uid for m in out.backend] == [1] and not tokenizer.detokenize_manager.states
+    detokenizer.step(out.detokenizer)
+    assert detokenizer.detokenize_manager.states[1].stop == ["3"]
+    out = tokenizer.step([AbortMsg(uid=1)])
+    assert out.detokenizer == [AbortMsg(uid=1)] and not out.backend
+    assert detokenizer.step(out.detokenizer).backend == [AbortBackendMsg(uid=1)]
+    assert not detokenizer.detokenize_manager.states
+    ids = tok.encode("1 2 3")  # 登记晚于第一个 token 到达：已经解码的不丢，stop 字符串照样生效
+    first = detokenizer.step([DetokenizeMsg(2, ids[0], False)]).frontend
+    detokenizer.step([DetokenizeInfoMsg(uid=2, prompt_tokens=4, stop=["3"])])
+    rest = detokenizer.step([DetokenizeMsg(2, t, False) for t in ids[1:]])
+    assert "".join(r.incremental_output for r in first + rest.frontend) == "1 2 "
+    assert rest.frontend[-1].finish_reason == "stop" and rest.frontend[-1].prompt_tokens == 4
+    assert rest.backend == [AbortBackendMsg(uid=2)]
+
+
+def unwrap(msg: Any) -> List[Any]:
+    return msg.data if isinstance(msg, (BatchBackendMsg, BatchFrontendMsg)) else [msg]
+
+
+@pytest.mark.parametrize("num_tokenizer", [0, 1])
+def test_worker_over_zmq(tokenizers: Dict[str, Any], num_tokenizer: int) -> None:
+    tok = tokenizers["qwen3"]
+    d = tempfile.mkdtemp(prefix="tok")
+    tok_addr, detok_addr, backend_addr, frontend_addr = (f"ipc://{d}/{n}" for n in ("t", "d", "b", "f"))
+    backend: ZmqPullQueue = ZmqPullQueue(backend_addr, create=True)  # 调度器
+    frontend: ZmqPullQueue = ZmqPullQueue(frontend_addr, create=True)  # API Server
+    ctx = mp.get_context("spawn")
+    ack = ctx.Queue()
+    common = dict(tokenizer_path=str(qwen3_tokenizer_dir()), backend_addr=backend_addr, frontend_addr=frontend_addr,
+                  local_bs=4, ack_queue=ack)
+    procs = [ctx.Process(target=tokenize_worker, kwargs=dict(common, addr=detok_addr, create=True,
+                                                            tokenizer_id=num_tokenizer))]
+    procs += [ctx.Process(target=tokenize_worker, kwargs=dict(common, addr=tok_addr, create=True, tokenizer_id=i,
+                                                             detokenizer_addr=detok_addr)) for i in range(num_tokenizer)]
+    for p in procs:
+        p.start()
+    api: ZmqPushQueue = ZmqPushQueue(tok_addr if num_tokenizer else detok_addr, create=False)
+    scheduler: ZmqPushQueue = ZmqPushQueue(detok_addr, create=False)
+    try:
+        assert len({ack.get(timeout=120) for _ in procs}) == len(procs)
+        chat = [{"role": "user", "content": "数到四"}]
+        api.put(TokenizeMsg(1, chat, SamplingParams(), chat_options={"enable_thinking": False}, stop=["三"]))
+        api.put(TokenizeMsg(2, "1, 2,", SamplingParams(max_tokens=9)))
+        users: Dict[int, UserMsg] = {}
+        while len(users) < 2:
+            users.update((m.uid, m) for m in unwrap(backend.get(timeout=60)))
+        want = TokenizeManager(tok).encode(chat, {"enable_thinking": False})
+        assert users[1].input_ids.tolist() == want and users[2].input_ids.tolist() == tok.encode("1, 2,")
+        assert users[2].sampling_params.max_tokens == 9
+        ans1 = tok.encode("一、二、三、四")
+        ans2 = tok.encode(" 3, 4") + [tok.convert_tokens_to_ids("<|im_end|>")]
+        for i in range(max(len(ans1), len(ans2))):  # 调度器每步给每个请求一个 token
+            step = [DetokenizeMsg(1, ans1[i], False)] if i < len(ans1) else []
+            if i < len(ans2):
+                last = i == len(ans2) - 1
+                step.append(DetokenizeMsg(2, ans2[i], last, "stop" if last else None))
+            scheduler.put(BatchTokenizerMsg(step))
+        texts: Dict[int, str] = {1: "", 2: ""}
+        final: Dict[int, UserReply] = {}
+        while len(final) < 2:
+            for r in unwrap(frontend.get(timeout=60)):
+                assert r.uid not in final, "a reply after the request finished"
+                texts[r.uid] += r.incremental_output
+                if r.finished:
+                    final[r.uid] = r
+        assert texts == {1: "一、二、", 2: " 3, 4"}
+        assert final[1].finish_reason == final[2].finish_reason == "stop"
+        assert (final[2].prompt_tokens, final[2].completion_tokens) == (len(users[2].input_ids), len(ans2))
+        assert unwrap(backend.get(timeout=60)) == [AbortBackendMsg(uid=1)]  # stop 字符串让调度器停下
+        api.put(TokenizeMsg(3, "x", SamplingParams()))
+        assert [m.uid for m in unwrap(backend.get(timeout=60))] == [3]
+        api.put(AbortMsg(uid=3))  # 客户端断开
+        assert unwrap(backend.get(timeout=60)) == [AbortBackendMsg(uid=3)]
+        assert backend.empty() and frontend.empty()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.join(30)
+        for q in (api, scheduler, backend, frontend):
+            q.stop()
