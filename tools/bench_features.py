@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisgl from 
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from minisgl.message import UserMsg  # noqa: E402
+from minisgl.utils.hf import default_model_path, load_tokenizer  # noqa: E402
 
 
 class TimedLLM(LLM):
@@ -38,6 +39,7 @@ class TimedLLM(LLM):
         self.submitted: Dict[int, float] = {}
         self.steps = {"prefill": 0, "decode": 0}
         self.step_secs: List[float] = []  # wall time of each step (drive() only)
+        self.overlap: bool | None = None  # drive(): None = as configured, else force overlap on / off
 
     def send_result(self, replies) -> None:
         now = time.perf_counter()
@@ -51,7 +53,8 @@ class TimedLLM(LLM):
         return super().launch(batch)
 
     def one_step(self) -> bool:
-        return self.overlap_step() if self.config.enable_overlap else self.step()
+        overlap = self.config.enable_overlap if self.overlap is None else self.overlap
+        return self.overlap_step() if overlap else self.step()
 
     # -- driving the scheduler by hand (requests arriving while others decode)
     def submit(self, ids: List[int], sp: SamplingParams) -> int:
@@ -120,16 +123,17 @@ def cmd_continuous(args) -> None:
 # ---------------------------------------------------------------------------------------------- prefix
 def cmd_prefix(args) -> None:
     convs, turns, answer = (4, 3, 16) if args.quick else (8, 4, 24)
-    probe = TimedLLM(None, device="cpu", cpu_kv_memory_mb=64)  # only for the tokenizer
-    tok = probe.tokenizer
-    probe.shutdown()
-    del probe
+    tok = load_tokenizer(default_model_path())
     system = ("You are a careful assistant for a small inference-engine workshop. Answer briefly and precisely. "
               "Rules: cite the chapter when you can; prefer code over prose; never invent an API; say when you "
               "do not know; keep answers under three sentences; use SI units; explain one idea at a time; "
               "when asked about performance, name what was measured, on which machine, and how; when asked "
               "about memory, count bytes per token; when asked about scheduling, describe one step of the loop; "
-              "when asked about caching, say what is shared and what is private to a request.")
+              "when asked about caching, say what is shared and what is private to a request; when asked about "
+              "parallelism, say which tensors are split and where the all-reduce happens; when asked about "
+              "sampling, say which parameters are per request; when asked about attention kernels, name the "
+              "backend and the page size; when a question is ambiguous, ask one short question back; when a "
+              "number is an estimate, say so; when the user is wrong, say so politely and show why.")
     topics = ["paged KV cache", "radix trees", "chunked prefill", "CUDA graphs", "overlap scheduling",
               "tensor parallelism", "sampling", "RoPE"]
     first = [tok.apply_chat_template([{"role": "system", "content": system},
@@ -222,18 +226,24 @@ def cmd_overlap(args) -> None:
     rng = random.Random(0)
     prompts = [rand_ids(rng, prompt) for _ in range(n)]
     sp = SamplingParams(ignore_eos=True, max_tokens=out)
-    llms = {m: make_llm(enable_overlap=m == "on", cache_type="naive") for m in ("on", "off")}
+    # one engine (the forward context is process-global: two engines cannot live in one process), driven
+    # by hand with Scheduler.overlap_step or Scheduler.step; the two modes alternate to see the same load
+    llm = make_llm(cache_type="naive")
     res: Dict[str, List[tuple]] = {"on": [], "off": []}
     for _ in range(reps):
-        for m in ("off", "on"):  # alternate so that both see the same machine load
-            llm = llms[m]
+        for m in ("off", "on"):
+            llm.overlap = m == "on"
             llm.steps = {"prefill": 0, "decode": 0}
             t0 = time.perf_counter()
-            llm.generate(prompts, sp, use_tqdm=False)
+            uids = [llm.submit(p, sp) for p in prompts]
+            while not all(llm.done(u) for u in uids):
+                llm.drive()
+            while llm.drive():
+                pass
             secs = time.perf_counter() - t0
+            assert all(len(llm._outputs[u]) == out for u in uids)
             res[m].append((secs, llm.steps["prefill"] + llm.steps["decode"]))
-    for llm in llms.values():
-        llm.shutdown()
+    llm.shutdown()
     tokens = n * out
     print(f"\noverlap scheduling: {n} requests, {prompt}-token prompts, {out} output tokens each (ignore_eos), "
           f"{reps} run(s) each, alternating; SmolLM2-135M, CPU (the 'device' is the same cores as the host)")
@@ -255,9 +265,13 @@ def main() -> None:
                             ("overlap", cmd_overlap, "overlap scheduling on vs off")]:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--quick", action="store_true", help="smaller sizes")
+        p.add_argument("--threads", type=int, default=1,
+                       help="torch CPU threads (default 1: on a shared, oversubscribed machine OpenMP's spinning "
+                            "barriers make 2 threads on 2 busy cores ~10x slower than 1)")
         p.set_defaults(fn=fn)
     args = ap.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
     args.fn(args)
 
 

@@ -199,7 +199,12 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=None, help="transformers' static batch size (default 32 / 64)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' static generate")
     ap.add_argument("--no-hf-cb", action="store_true", help="skip transformers' continuous batching")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default 1 on CPU: on a shared, oversubscribed machine OpenMP's "
+                         "spinning barriers make 2 threads on 2 busy cores ~10x slower than 1)")
     args = ap.parse_args()
+    if args.threads or not args.gpu:
+        torch.set_num_threads(args.threads or 1)
 
     gpu = args.gpu
     args.device = "cuda" if gpu else "cpu"
