@@ -10,6 +10,7 @@ from typing import Dict
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.utils import logging as hf_logging
 
 from minisgl.core import SamplingParams
 from minisgl.distributed import DistributedInfo
@@ -24,6 +25,7 @@ PROMPTS = ["你好，", "The capital of France is", "1, 2, 3,", "一个很长的
 
 def tiny_qwen3(path: Path) -> Path:
     """随机权重的小 Qwen3（2 层、4 个头、2 个 KV 头：TP=2 能切），配真实的 Qwen3 分词器。"""
+    hf_logging.disable_progress_bar()
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, initializer_range=0.5)
