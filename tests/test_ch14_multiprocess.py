@@ -123,3 +123,52 @@ def test_one_process_tokens_abort_exit(tiny_qwen3) -> None:
     assert h.tokens[11] == want[1]
     (rank, n, _), = h.exit()
     assert (rank, n) == (0, len(PROMPTS) + 4)  # 7 个请求、1 条（成批的）中止、ExitMsg
+
+
+def test_with_the_tokenizer_process(tiny_qwen3) -> None:
+    """分词进程 + 调度器进程：TokenizeMsg 进、UserReply 出，文字与离线 LLM 的相同。"""
+    from minisgl.message import BatchFrontendMsg, TokenizeMsg
+    from minisgl.tokenizer import tokenize_worker
+
+    texts = ["你好，", "The capital of France is", "1, 2, 3,"]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    llm = LLM(tiny_qwen3, device="cpu", num_pages=1024, max_seq_len_override=256)
+    want = [o["text"] for o in llm.generate(texts, params, use_tqdm=False)]
+    llm.shutdown()
+    d = tempfile.mkdtemp(prefix="ch14")
+    config = SchedulerConfig(tiny_qwen3, device="cpu", num_pages=1024, max_seq_len_override=256,
+                             zmq_backend_addr=f"ipc://{d}/backend", zmq_detokenizer_addr=f"ipc://{d}/detok")
+    frontend: ZmqPullQueue = ZmqPullQueue(f"ipc://{d}/frontend", create=True)
+    ctx = mp.get_context("spawn")
+    ack = ctx.Queue()
+    (scheduler,) = start_scheduler_processes(config, ack)  # 默认入口：run_scheduler_process
+    detok = ctx.Process(target=tokenize_worker, kwargs=dict(
+        tokenizer_path=str(tiny_qwen3), addr=config.zmq_detokenizer_addr, create=True,
+        backend_addr=config.zmq_backend_addr, frontend_addr=f"ipc://{d}/frontend", ack_queue=ack))
+    detok.start()
+    api: ZmqPushQueue = ZmqPushQueue(config.zmq_detokenizer_addr, create=False)
+    to_scheduler: ZmqPushQueue = ZmqPushQueue(config.zmq_backend_addr, create=False)
+    try:
+        assert sorted(ack.get(timeout=120) for _ in range(2))[0] == "Scheduler is ready"
+        for uid, text in enumerate(texts):
+            api.put(TokenizeMsg(uid, text, params))
+        got = {uid: "" for uid in range(len(texts))}
+        done: Dict[int, str] = {}
+        while len(done) < len(texts):
+            msg = frontend.get(timeout=60)
+            for r in msg.data if isinstance(msg, BatchFrontendMsg) else [msg]:
+                got[r.uid] += r.incremental_output
+                if r.finished:
+                    done[r.uid] = r.finish_reason
+        assert [got[u] for u in range(len(texts))] == want
+        assert set(done.values()) == {"length"}
+        to_scheduler.put(ExitMsg())
+        scheduler.join(60)
+        assert scheduler.exitcode == 0
+    finally:
+        detok.terminate()
+        detok.join(30)
+        if scheduler.is_alive():
+            scheduler.terminate()
+        for q in (api, to_scheduler, frontend):
+            q.stop()
