@@ -4,7 +4,9 @@
 import argparse
 import gc
 import json
+import os
 import random
+import tempfile
 import time
 from typing import Dict, List
 
@@ -70,8 +72,9 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--out", default=None, help="write the timelines here (JSON)")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ch11_timeline.json"),
+                    help="write the timelines here (JSON)")
+    args, _ = ap.parse_known_args()  # 在 Jupyter 内核里运行时，sys.argv 里是内核自己的参数
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 20000) for _ in range(rng.randint(16, 64))] for _ in range(args.requests)]
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
@@ -100,9 +103,8 @@ def main() -> None:
     if outputs[False] != outputs[True]:
         raise SystemExit("overlap on and off must give the same tokens")
     print("两种调度的输出逐 token 相同:", outputs[False] == outputs[True])
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":
