@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch11_overlap.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch14_multiprocess.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,11 +9,15 @@ from minisgl.kvcache import PREFIX_CACHES
 
 @dataclass(frozen=True)
 class SchedulerConfig(EngineConfig):
-    """引擎的配置，加上调度器自己的：一步最多 prefill 多少 token、用哪种前缀缓存、是否重叠调度。"""
+    """引擎的配置，加上调度器自己的：prefill 预算、前缀缓存、重叠调度，以及服务进程的 ZMQ 地址（第 14 章）。"""
 
     max_extend_tokens: int = 8192  # --max-prefill-length
     cache_type: str = "radix"  # --cache
     enable_overlap: bool = True  # 第 11 章：CPU 准备第 N+1 步时，GPU 在算第 N 步
+    # 第 14 章：服务进程的 ZMQ 地址（第 15 章的 ServerArgs 填上）；离线的 LLM 都是 None
+    zmq_backend_addr: str | None = None  # tokenizer → 调度器 rank 0（rank 0 bind 这个 PULL）
+    zmq_detokenizer_addr: str | None = None  # 调度器 rank 0 → detokenizer
+    zmq_broadcast_addr: str | None = None  # TP > 1：rank 0 → 其他 rank（PUB/SUB）
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch10_chunked_prefill.ipynb and ch11_overlap.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch14_multiprocess.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from dataclasses import replace
@@ -14,6 +14,7 @@ from minisgl.utils import init_logger
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .io import SchedulerIOMixin
 from .prefill import PrefillManager
 from .table import TableManager
 from .utils import PendingReq, eos_token_ids
@@ -35,11 +36,11 @@ def schedule_policy(prefill: PrefillManager, decode: DecodeManager, cache: Cache
     return Batch(running + batch.reqs, "prefill")
 
 
-class Scheduler:
+class Scheduler(SchedulerIOMixin):
     """一个 TP rank 上的调度器：收请求、每步挑一批（prefill 优先）、交给引擎、处理结果、释放资源。
 
-    输入是 receive_msg(消息)，输出是 send_result(DetokenizeMsg 列表)：离线的 LLM（本章）和多进程的服务
-    （第 14 章）各自实现 send_result。
+    输入是 receive_msg(消息)，输出是 send_result(DetokenizeMsg 列表)：离线的 LLM 自己实现 send_result；
+    配置里给了 zmq_backend_addr 时是一个服务进程（第 14 章），收发由 SchedulerIOMixin 经 ZMQ 完成。
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -56,6 +57,8 @@ class Scheduler:
         self._deferred: Dict[int, Req] = {}  # 已经结束、但还在飞行中的那一步里：等那一步算完再释放
         self._last: LaunchedStep | None = None
         self.exiting = False
+        if config.zmq_backend_addr is not None:  # 第 14 章：服务进程，消息经 ZMQ 收发
+            self.init_io()
 
     # ------------------------------------------------------------------ 输入
     def receive_msg(self, msg: BaseBackendMsg) -> None:
@@ -97,9 +100,6 @@ class Scheduler:
             return
         self._finish(req)
         self.send_result([DetokenizeMsg(uid, -1, True, "abort")])
-
-    def send_result(self, replies: List[DetokenizeMsg]) -> None:
-        raise NotImplementedError("Scheduler.send_result: the offline LLM and the server each implement it")
 
     # ------------------------------------------------------------------ 一步
     def schedule_next_batch(self) -> Batch | None:
