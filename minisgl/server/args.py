@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, List, NoReturn
 
-from minisgl.distributed import DistributedInfo
+from minisgl.distributed import DistributedInfo, free_tcp_address
 from minisgl.scheduler import SchedulerConfig
 from minisgl.utils.hf import resolve_model_path
 
@@ -78,11 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _zmq_addr(i: int) -> str:
     return f"ipc:///tmp/minisgl_{i}.pid={os.getpid()}"
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
     """命令行 → ServerArgs。坏的值打印一行 error: ... 并以 2 退出（和 argparse 自己的错误一样）。"""
     parser = build_parser()
@@ -99,7 +93,7 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
             max_running_req=1 if shell else ns.max_running_requests,  # 交互模式只有一个用户
             max_seq_len_override=ns.max_seq_len_override, attention_backend=ns.attn,
             cuda_graph_max_bs=min(ns.cuda_graph_max_bs, 1) if shell else ns.cuda_graph_max_bs,
-            dist_init_addr=f"tcp://127.0.0.1:{_free_port()}" if ns.tp > 1 else None,
+            dist_init_addr=free_tcp_address() if ns.tp > 1 else None,
             max_extend_tokens=ns.max_prefill_length, cache_type=ns.cache,
             enable_overlap=not ns.disable_overlap_scheduling,
             zmq_backend_addr=_zmq_addr(0), zmq_detokenizer_addr=detokenizer,

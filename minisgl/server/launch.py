@@ -72,12 +72,9 @@ def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue) -> None:
         scheduler.sync_all_ranks()  # 所有 rank 都初始化完（包括 ZMQ 订阅）再开始
         if args.tp_info.is_primary():
             ack_queue.put("Scheduler is ready")
-        if args.silent_output:
-            logging.disable(logging.INFO)
-        try:
-            scheduler.run_forever()
-        except KeyboardInterrupt:
-            scheduler.shutdown()
+    if args.silent_output:
+        logging.disable(logging.INFO)
+    scheduler.run_forever()  # 第 14 章：收消息、跑一步；Ctrl-C 或 ExitMsg 时清理退出
 
 
 class WorkerError(RuntimeError):
