@@ -9,7 +9,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.server.api_server import FrontendManager
 
-SHELL_SAMPLING = SamplingParams(temperature=0.6, top_p=0.95, max_tokens=512)
+SHELL_SAMPLING = SamplingParams(temperature=0.6, max_tokens=512)  # upstream 的 shell 也用温度 0.6
 HELP = "输入消息回车发送；/reset 清空对话，/exit 退出（Ctrl-D 也行）"
 
 async def run_shell(state: FrontendManager, sampling: SamplingParams = SHELL_SAMPLING) -> None:

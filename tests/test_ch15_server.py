@@ -20,6 +20,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 SERVER_FLAGS = ["--num-pages", "2048", "--max-seq-len-override", "256"]
+RUNNING: Dict[int, subprocess.Popen] = {}  # 端口 → 服务进程：最后几个测试给服务发信号、杀它的工作进程
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -38,6 +39,7 @@ def start_server(model: Path, log: Path, *flags: str) -> Tuple[subprocess.Popen,
             raise RuntimeError(f"the server exited with code {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                RUNNING[port] = proc
                 return proc, port
         except httpx.HTTPError:
             pass
@@ -245,39 +247,40 @@ def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path)
     out = p.stdout + p.stderr
     assert p.returncode == 1 and "minisgl-TP0-scheduler exited with code 1 before it was ready" in out, out[-2000:]
 
-def test_signals_leave_no_orphans(tmp_path: Path, tiny_qwen3: Path) -> None:
-    """SIGTERM 给主进程：所有工作进程都跟着退出。工作进程在服务中死掉：请求回 503，主进程以非零码退出。"""
-    proc, port = start_server(tiny_qwen3, tmp_path / "a.log")
+def test_sigterm_leaves_no_orphans(smol_server) -> None:
+    """SIGTERM 给主进程：所有工作进程都跟着退出（这个模块里最后一个用 smol_server 的测试）。"""
+    proc = RUNNING[smol_server[0]]
     workers = psutil.Process(proc.pid).children(recursive=True)
-    assert len(workers) >= 2
+    assert len([w for w in workers if "--multiprocessing-fork" in w.cmdline()]) == 3  # 调度器、detokenizer、tokenizer
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, [w.cmdline() for w in alive]
 
-    proc, port = start_server(tiny_qwen3, tmp_path / "b.log")
+def test_worker_death_gives_503(server) -> None:
+    """服务中杀掉调度器：请求回 503（不挂起），主进程以 1 退出，其余工作进程也退出（最后一个用 server 的测试）。"""
+    port, _ = server
+    proc = RUNNING[port]
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    spawned = [w for w in workers if "--multiprocessing-fork" in w.cmdline()]
+    scheduler = min(spawned, key=lambda w: w.create_time())  # 第一个启动的工作进程：调度器
+    scheduler.kill()
     try:
-        workers = psutil.Process(proc.pid).children(recursive=True)
-        spawned = [w for w in workers if "--multiprocessing-fork" in w.cmdline()]
-        scheduler = min(spawned, key=lambda w: w.create_time())  # 第一个启动的工作进程：调度器
-        scheduler.kill()
-        try:
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi"}, timeout=30)
-            assert r.status_code == 503, r.text
-        except httpx.TransportError:
-            pass  # 主进程已经关掉了服务：也没有挂起
-        assert proc.wait(timeout=30) == 1
-        _, alive = psutil.wait_procs(workers, timeout=10)
-        assert not [w for w in alive if w.pid != scheduler.pid]
-    finally:
-        stop_server(proc)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi"}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
+    except httpx.TransportError:
+        pass  # 主进程已经关掉了服务：也没有挂起
+    assert proc.wait(timeout=30) == 1
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, [w.cmdline() for w in alive]
 
 
 def test_shell_in_a_terminal(tiny_qwen3: Path) -> None:
     """--shell 在伪终端里：提示符、流式的回答、/reset、/exit。"""
     pexpect = pytest.importorskip("pexpect")
     env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="dumb")
-    sh = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(tiny_qwen3), "--shell", *SERVER_FLAGS],
+    sh = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(tiny_qwen3), "--shell",
+                                        "--max-seq-len-override", "64"],  # 回答最多几十个 token
                        env=env, timeout=240, encoding="utf-8")
     try:
         sh.expect("/reset")  # 开头的帮助行
