@@ -29,12 +29,12 @@ class Harness:
                                       zmq_backend_addr=f"ipc://{d}/backend", zmq_detokenizer_addr=f"ipc://{d}/detok",
                                       zmq_broadcast_addr=f"ipc://{d}/bcast", **config)
         self.detok: ZmqPullQueue = ZmqPullQueue(self.config.zmq_detokenizer_addr, create=True)
+        self.send: ZmqPushQueue = ZmqPushQueue(self.config.zmq_backend_addr, create=False)
         self.ack = mp.get_context("spawn").Queue()
         self.procs = start_scheduler_processes(self.config, self.ack, target=_rank_main)
-        assert self.ack.get(timeout=120) == "Scheduler is ready"
-        self.send: ZmqPushQueue = ZmqPushQueue(self.config.zmq_backend_addr, create=False)
         self.tokens: Dict[int, List[int]] = {}
         self.done: Dict[int, str] = {}
+        self.closed = False
 
     def user(self, uid: int, prompt: List[int], max_tokens: int) -> None:
         self.tokens[uid] = []
@@ -63,9 +63,34 @@ class Harness:
         for p in self.procs:
             p.join(60)
             assert p.exitcode == 0, f"{p.name} exited with {p.exitcode}"
-        self.send.stop()
-        self.detok.stop()
+        self.close()
         return reports
+
+    def close(self) -> None:
+        """测试失败时也要调用：留下活着的子进程，pytest 退出时会一直等它们。"""
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(30)
+        if not self.closed:
+            self.send.stop()
+            self.detok.stop()
+            self.closed = True
+
+
+@pytest.fixture
+def start(tiny_qwen3):
+    """start(tp) 起一组调度器进程；测试结束时（不论成败）收拾干净。"""
+    made: List[Harness] = []
+
+    def make(tp: int) -> Harness:
+        made.append(Harness(tiny_qwen3, tp))
+        assert made[-1].ack.get(timeout=120) == "Scheduler is ready"
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
 
 
 def _rank_main(config: SchedulerConfig, ack) -> None:
@@ -83,10 +108,10 @@ def reference(model, prompts, max_tokens: int) -> List[List[int]]:
         llm.shutdown()
 
 
-def test_tp2_equals_tp1_and_ranks_see_the_same_messages(tiny_qwen3) -> None:
+def test_tp2_equals_tp1_and_ranks_see_the_same_messages(tiny_qwen3, start) -> None:
     """TP=2（两个进程，gloo）：请求陆续到达、有的中途中止；tokens 与 TP=1 相同，两个 rank 收到的消息序列相同。"""
     want = reference(tiny_qwen3, PROMPTS, 16)
-    h = Harness(tiny_qwen3, tp=2)
+    h = start(2)
     h.user(0, PROMPTS[0], 16)
     h.user(1, PROMPTS[1], 16)
     h.collect()  # 前两个已经在生成：后面的请求在它们运行中途到达
@@ -103,10 +128,10 @@ def test_tp2_equals_tp1_and_ranks_see_the_same_messages(tiny_qwen3) -> None:
     assert reports[0][1] == len(PROMPTS) + 3  # 6 个请求、1 个中止、ExitMsg
 
 
-def test_one_process_tokens_abort_exit(tiny_qwen3) -> None:
+def test_one_process_tokens_abort_exit(tiny_qwen3, start) -> None:
     """TP=1：经 ZMQ 来的请求与离线 LLM 逐 token 相同；生成中途的中止以 abort 结束；ExitMsg 让进程退出。"""
     want = reference(tiny_qwen3, PROMPTS, 12)
-    h = Harness(tiny_qwen3, tp=1)
+    h = start(1)
     for uid, p in enumerate(PROMPTS):
         h.user(uid, p, 12)
     h.wait(range(len(PROMPTS)))
