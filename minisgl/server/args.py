@@ -1,0 +1,105 @@
+# Tangled from book/chapters/ch15_server.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, List, NoReturn
+
+from minisgl.distributed import DistributedInfo, free_tcp_address
+from minisgl.scheduler import SchedulerConfig
+from minisgl.utils.hf import resolve_model_path
+
+
+@dataclass(frozen=True)
+class ServerArgs(SchedulerConfig):
+    """调度器的配置，加上服务自己的：监听地址、分词进程数、交互模式、API key，以及各进程之间的 ZMQ 地址。"""
+
+    server_host: str = "127.0.0.1"  # --host
+    server_port: int = 1919  # --port
+    num_tokenizer: int = 0  # --num-tokenizer；0：detokenizer 进程兼做分词
+    shell: bool = False  # --shell：不起 HTTP 服务，在终端里对话
+    api_key: str | None = None  # --api-key：设了就要求 Authorization: Bearer <key>
+    silent_output: bool = False  # 交互模式下工作进程不打 INFO 日志
+    zmq_frontend_addr: str = ""  # detokenizer（和调度器的统计）→ API Server
+    zmq_tokenizer_addr: str = ""  # API Server → tokenizer；num_tokenizer = 0 时就是 detokenizer 的地址
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_tokenizer < 0:
+            raise ValueError(f"--num-tokenizer {self.num_tokenizer} is invalid: it must be >= 0")
+        if not 0 < self.server_port < 65536:
+            raise ValueError(f"--port {self.server_port} is invalid: it must be in 1..65535")
+
+    @property
+    def tokenizer_create_addr(self) -> bool:
+        """有单独的 tokenizer 进程时，API Server 绑定 tokenizer 地址、它们去连（PUSH 轮流分给它们）。"""
+        return self.num_tokenizer > 0
+
+    @property
+    def served_model_name(self) -> str:
+        return Path(self.model_path).name
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # 一行错误，不打印整段 usage
+        self.exit(2, f"error: {message}\n")
+
+def _default(name: str) -> Any:
+    return {f.name: f.default for f in fields(ServerArgs)}[name]
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m minisgl", allow_abbrev=False,
+                description="minisgl：OpenAI 兼容的推理服务（--shell：在终端里对话）")
+    add = p.add_argument
+    add("--model", "--model-path", default=None, help="模型目录或 Hugging Face 仓库名（默认：内置的 SmolLM2-135M）")
+    add("--dtype", default=_default("dtype"), help="auto / float32 / bfloat16 / float16")
+    add("--device", default=_default("device"), help="auto / cpu / cuda")
+    add("--tp", "--tp-size", "--tensor-parallel-size", type=int, default=1, help="张量并行的进程数")
+    add("--host", default=_default("server_host"))
+    add("--port", type=int, default=_default("server_port"))
+    add("--num-pages", type=int, default=_default("num_pages"), help="KV 池的页数（默认按内存推算）")
+    add("--page-size", type=int, default=_default("page_size"))
+    add("--max-running-requests", type=int, default=_default("max_running_req"))
+    add("--max-seq-len-override", type=int, default=_default("max_seq_len_override"))
+    add("--max-prefill-length", "--max-extend-length", type=int, default=_default("max_extend_tokens"))
+    add("--attn", "--attention-backend", default=_default("attention_backend"))
+    add("--cache", "--cache-type", default=_default("cache_type"), help="radix / naive")
+    add("--cuda-graph-max-bs", "--graph", type=int, default=_default("cuda_graph_max_bs"))
+    add("--num-tokenizer", "--tokenizer-count", type=int, default=_default("num_tokenizer"))
+    add("--memory-ratio", type=float, default=_default("memory_ratio"))
+    add("--disable-overlap-scheduling", action="store_true")
+    add("--shell", "--shell-mode", action="store_true", help="在终端里对话，不起 HTTP 服务")
+    add("--api-key", default=None)
+    return p
+
+def _zmq_addr(i: int) -> str:
+    return f"ipc:///tmp/minisgl_{i}.pid={os.getpid()}"
+
+def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
+    """命令行 → ServerArgs。坏的值打印一行 error: ... 并以 2 退出（和 argparse 自己的错误一样）。"""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    shell = ns.shell or run_shell
+    try:
+        if ns.tp < 1:
+            raise ValueError(f"--tp {ns.tp} is invalid: it must be >= 1")
+        model_path = resolve_model_path(ns.model)
+        detokenizer = _zmq_addr(1)
+        return ServerArgs(
+            model_path=model_path, tp_info=DistributedInfo(0, ns.tp), dtype=ns.dtype, device=ns.device,
+            page_size=ns.page_size, num_pages=ns.num_pages, memory_ratio=ns.memory_ratio,
+            max_running_req=1 if shell else ns.max_running_requests,  # 交互模式只有一个用户
+            max_seq_len_override=ns.max_seq_len_override, attention_backend=ns.attn,
+            cuda_graph_max_bs=min(ns.cuda_graph_max_bs, 1) if shell else ns.cuda_graph_max_bs,
+            dist_init_addr=free_tcp_address() if ns.tp > 1 else None,
+            max_extend_tokens=ns.max_prefill_length, cache_type=ns.cache,
+            enable_overlap=not ns.disable_overlap_scheduling,
+            zmq_backend_addr=_zmq_addr(0), zmq_detokenizer_addr=detokenizer,
+            zmq_broadcast_addr=_zmq_addr(4) if ns.tp > 1 else None,
+            server_host=ns.host, server_port=ns.port, num_tokenizer=ns.num_tokenizer, shell=shell,
+            api_key=ns.api_key, silent_output=shell, zmq_frontend_addr=_zmq_addr(2),
+            zmq_tokenizer_addr=_zmq_addr(3) if ns.num_tokenizer > 0 else detokenizer)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))

@@ -1,0 +1,296 @@
+# Tangled from book/chapters/ch15_server.ipynb — edit the notebook, not this file.
+"""第 15 章：一个真实的 python -m minisgl 进程，用官方 openai 客户端访问：贪心结果与 transformers 相同、流式与并发、
+断开即中止、坏请求的 4xx、/metrics、API key、stop 与 seed、信号与工作进程的退出、终端里的 shell。"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
+
+import httpx
+import psutil
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+SERVER_FLAGS = ["--num-pages", "2048", "--max-seq-len-override", "256"]
+RUNNING: Dict[int, subprocess.Popen] = {}  # 端口 → 服务进程：最后几个测试给服务发信号、杀它的工作进程
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def start_server(model: Path, log: Path, *flags: str) -> Tuple[subprocess.Popen, int]:
+    """python -m minisgl 作为子进程（自己一个进程组），等到 /health 回 200。"""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(port),
+                             *SERVER_FLAGS, *flags], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                RUNNING[port] = proc
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, f"the server did not start:\n{log.read_text()[-3000:]}"
+        time.sleep(0.3)
+
+def stop_server(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3: Path, tmp_path_factory) -> Iterator[Tuple[int, Path]]:
+    """随机的小 Qwen3（真实的 Qwen3 分词器），默认参数：一个 detokenizer 兼做分词。"""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    proc, port = start_server(tiny_qwen3, log)
+    yield port, log
+    stop_server(proc)
+
+@pytest.fixture(scope="module")
+def smol_server(smollm2: Path, tmp_path_factory) -> Iterator[Tuple[int, str]]:
+    """内置的 SmolLM2，带 API key，单独一个 tokenizer 进程（stop 字符串和 usage 要经 detokenizer 转达）。"""
+    log = tmp_path_factory.mktemp("smol") / "server.log"
+    proc, port = start_server(smollm2, log, "--api-key", "sk-test", "--num-tokenizer", "1")
+    yield port, "sk-test"
+    stop_server(proc)
+
+def client(port: int, key: str = "none") -> OpenAI:
+    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60)
+
+def metrics(port: int) -> Dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+
+
+PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "北京烤鸭很好吃。"]
+
+def test_greedy_equals_transformers(server, tiny_qwen3: Path) -> None:
+    """非流式输出与 transformers 在同一份权重上的贪心结果逐字相同：补全（原样的提示词）和对话（套模板）。"""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    port, _ = server
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+
+    def hf(ids: List[int], n: int) -> Tuple[str, int]:
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+        return tok.decode(out, skip_special_tokens=True), len(ids)
+
+    c = client(port)
+    for prompt in PROMPTS:
+        r = c.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+        text, n_prompt = hf(tok.encode(prompt), 12)
+        assert r.choices[0].text == text and r.choices[0].finish_reason == "length"
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 12)
+    chat = [{"role": "user", "content": "你好"}]
+    r = c.chat.completions.create(model="m", messages=chat, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert r.choices[0].message.content == hf(list(ids), 10)[0]
+
+
+def test_client_disconnect_aborts_request(server):
+    """客户端中途断开：服务端中止请求并释放资源，之后的请求照常工作。"""
+    port, log_path = server
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions",
+                      json={"model": "m", "prompt": "Tell me a long story.", "max_tokens": 200,
+                            "stream": True, "ignore_eos": True}, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 3:
+                break  # 读了几段就断开
+    time.sleep(1.0)
+    resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                      json={"model": "m", "prompt": "1 + 1 =", "max_tokens": 4}, timeout=60)
+    assert resp.status_code == 200
+    assert "Aborting request" in log_path.read_text()
+
+
+def test_stream_and_concurrent(server) -> None:
+    """补全和对话、流式和非流式给出同样的文字和 usage；32 个并发的流与各自单独发的结果相同。"""
+    port, _ = server
+    c = client(port)
+    kw: Dict[str, Any] = dict(model="m", max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    whole = c.completions.create(prompt="Once upon a time", **kw)
+    chunks = list(c.completions.create(prompt="Once upon a time", stream=True,
+                                       stream_options={"include_usage": True}, **kw))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 16
+    chat = [{"role": "user", "content": "Tell me a story."}]
+    whole = c.chat.completions.create(messages=chat, **kw)
+    parts = list(c.chat.completions.create(messages=chat, stream=True, **kw))
+    assert parts[0].choices[0].delta.role == "assistant"
+    assert "".join(p.choices[0].delta.content or "" for p in parts) == whole.choices[0].message.content
+    assert whole.usage.completion_tokens == 16
+
+    kw["max_tokens"] = 8
+    prompts = [f"Request {i}: " + "word " * (i % 7) for i in range(32)]
+    sequential = [c.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+
+    async def one(ac: AsyncOpenAI, p: str) -> str:
+        stream = await ac.completions.create(prompt=p, stream=True, **kw)
+        return "".join([ch.choices[0].text async for ch in stream if ch.choices])
+
+    async def all_at_once() -> List[str]:
+        ac = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        return list(await asyncio.gather(*(one(ac, p) for p in prompts)))
+
+    assert asyncio.run(all_at_once()) == sequential
+
+
+def test_disconnect_storm_frees_everything(server) -> None:
+    """16 个流同时断开：/metrics 回到 0 个运行中、0 个排队、请求占着的 KV 页为 0（前缀缓存里的不算）。"""
+    port, _ = server
+
+    async def hang_up(i: int) -> None:
+        async with httpx.AsyncClient(timeout=60) as h:
+            body = {"model": "m", "prompt": f"story {i} " * 20, "max_tokens": 200, "stream": True, "ignore_eos": True}
+            async with h.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_lines():
+                    break
+
+    async def storm() -> None:
+        await asyncio.gather(*(hang_up(i) for i in range(16)))
+
+    asyncio.run(storm())
+    deadline = time.time() + 30
+    while True:
+        m = metrics(port)
+        if (m["minisgl_num_running_requests"], m["minisgl_num_waiting_requests"], m["minisgl_kv_pages_used"]) == (0, 0, 0):
+            break
+        assert time.time() < deadline, f"resources were not released: {m}"
+        time.sleep(0.3)
+    assert m["minisgl_kv_pages_free"] + m["minisgl_kv_pages_cached"] > 0
+    assert m["minisgl_generation_tokens_total"] > 0 and m['minisgl_request_latency_seconds_bucket{le="+Inf"}'] > 0
+
+
+BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误里的 param)
+    ("/v1/chat/completions", b"{not json", None),
+    ("/v1/chat/completions", {"model": "m"}, "messages"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "top_k": 0}, "top_k"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1.5}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "seed": -3}, "seed"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "stream": True, "n": 3}, "n"),
+    ("/v1/completions", {"prompt": "word " * 300}, "messages"),  # 比上下文（256）长
+    ("/v1/completions", {"prompt": "word " * 300, "stream": True}, "messages"),
+    ("/generate", {"prompt": ""}, "prompt"),
+]
+
+def test_malformed_requests(server) -> None:
+    """每个坏请求都是 4xx 和 OpenAI 格式的错误，绝不是 5xx 或挂起；之后服务照常。"""
+    port, _ = server
+    for path, body, param in BAD:
+        kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+        r = httpx.post(f"http://127.0.0.1:{port}{path}", timeout=30, headers={"Content-Type": "application/json"}, **kw)
+        assert r.status_code == 400, (path, body, r.status_code, r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+        assert err["param"] == param, (body, err)
+    r = httpx.get(f"http://127.0.0.1:{port}/nope")
+    assert r.status_code == 404 and "error" in r.json()
+    with pytest.raises(Exception) as e:  # 官方客户端把 400 变成 BadRequestError
+        client(port).completions.create(model="m", prompt="hi", top_p=2.0)
+    assert getattr(e.value, "status_code", None) == 400
+    assert client(port).completions.create(model="m", prompt="hi", max_tokens=2).usage.completion_tokens <= 2
+
+
+def test_api_key_stop_and_seed(smol_server) -> None:
+    """SmolLM2 + 单独的 tokenizer 进程：没有 key 回 401；stop 字符串截断输出；同一个 seed 的采样结果相同。"""
+    port, key = smol_server
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi"}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # 健康检查不要 key
+    c = client(port, key)
+    assert c.models.list().data[0].id == "SmolLM2-135M-Instruct"
+    free = c.completions.create(model="m", prompt="1, 2, 3, 4, 5,", max_tokens=10, temperature=0)
+    assert "7" in free.choices[0].text
+    cut = c.completions.create(model="m", prompt="1, 2, 3, 4, 5,", max_tokens=10, temperature=0, stop=[" 7"])
+    assert cut.choices[0].finish_reason == "stop" and free.choices[0].text.startswith(cut.choices[0].text)
+    assert " 7" not in cut.choices[0].text and cut.usage.prompt_tokens == free.usage.prompt_tokens > 0
+    chat = [{"role": "user", "content": "Write a short poem about the sea."}]
+    a, b, other = (c.chat.completions.create(model="m", messages=chat, max_tokens=12, temperature=1.0, seed=s)
+                   for s in (7, 7, 8))
+    assert a.choices[0].message.content == b.choices[0].message.content != other.choices[0].message.content
+
+
+def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path) -> None:
+    """坏的参数值：一行 error 并以 2 退出；一个工作进程就绪前就死了：清楚的错误、非零退出码、不留子进程。"""
+    bad = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--page-size", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --page-size 0 is invalid: it must be >= 1"
+    p = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--port", str(free_port()),
+                        "--attn", "fi", "--device", "cpu"], capture_output=True, text=True, timeout=240)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "minisgl-TP0-scheduler exited with code 1 before it was ready" in out, out[-2000:]
+
+def test_sigterm_leaves_no_orphans(smol_server) -> None:
+    """SIGTERM 给主进程：所有工作进程都跟着退出（这个模块里最后一个用 smol_server 的测试）。"""
+    proc = RUNNING[smol_server[0]]
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert len([w for w in workers if "--multiprocessing-fork" in w.cmdline()]) == 3  # 调度器、detokenizer、tokenizer
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, [w.cmdline() for w in alive]
+
+def test_worker_death_gives_503(server) -> None:
+    """服务中杀掉调度器：请求回 503（不挂起），主进程以 1 退出，其余工作进程也退出（最后一个用 server 的测试）。"""
+    port, _ = server
+    proc = RUNNING[port]
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    spawned = [w for w in workers if "--multiprocessing-fork" in w.cmdline()]
+    scheduler = min(spawned, key=lambda w: w.create_time())  # 第一个启动的工作进程：调度器
+    scheduler.kill()
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi"}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
+    except httpx.TransportError:
+        pass  # 主进程已经关掉了服务：也没有挂起
+    assert proc.wait(timeout=30) == 1
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, [w.cmdline() for w in alive]
+
+
+def test_shell_in_a_terminal(tiny_qwen3: Path) -> None:
+    """--shell 在伪终端里：提示符、流式的回答、/reset、/exit。"""
+    pexpect = pytest.importorskip("pexpect")
+    env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="dumb")
+    sh = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(tiny_qwen3), "--shell",
+                                        "--max-seq-len-override", "64"],  # 回答最多几十个 token
+                       env=env, timeout=240, encoding="utf-8")
+    try:
+        sh.expect("/reset")  # 开头的帮助行
+        sh.expect("> ")
+        sh.sendline("hello")
+        sh.sendline("/reset")  # 回答完才会读到它
+        sh.expect(r"\(history cleared\)", timeout=120)
+        sh.sendline("/exit")
+        sh.expect(pexpect.EOF, timeout=30)
+    finally:
+        sh.close(force=True)
+    assert sh.exitstatus == 0
