@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch06_kvcache.ipynb and ch10_chunked_prefill.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch06_kvcache.ipynb and ch11_overlap.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -56,6 +56,8 @@ class Req:
     def __post_init__(self) -> None:
         self.device_len = len(self.input_ids)  # 这一步前向之后，KV 池里有前 device_len 个 token
         self.max_device_len = len(self.input_ids) + self.output_len
+        self.host_len = len(self.input_ids)  # CPU 上已有的 token 数，始终等于 len(input_ids)
+        self._buffer: torch.Tensor | None = None  # 第一次 append_host 时分配：[max_device_len] int32
         assert 0 <= self.cached_len < self.device_len, f"{self.uid=} {self.cached_len=} {self.device_len=}"
 
     @property
@@ -70,7 +72,7 @@ class Req:
     @property
     def is_chunked(self) -> bool:
         """这一块算完之后，提示词还没有全部进入 KV 池（分块预填充的中间几块）。"""
-        return self.device_len < len(self.input_ids)
+        return self.device_len < self.host_len
 
     def complete_one(self) -> None:
         """一步前向做完：送进去的 token 都有了 K/V；新采样的 token 将在下一步送进去。"""
@@ -80,7 +82,14 @@ class Req:
             self.device_len += 1
 
     def append_host(self, token: int) -> None:
-        self.input_ids = torch.cat([self.input_ids, torch.tensor([token], dtype=torch.int32)])
+        """新 token 写进一块装得下整个请求的缓冲区；input_ids 是它前 host_len 个元素的视图。"""
+        if self._buffer is None:
+            self._buffer = torch.empty(self.max_device_len, dtype=torch.int32)
+            self._buffer[:self.host_len] = self.input_ids
+            self._ids_np = self._buffer.numpy()  # 共享内存：写一个元素不经过 torch 的分派
+        self._ids_np[self.host_len] = token
+        self.host_len += 1
+        self.input_ids = self._buffer[:self.host_len]
 
 
 @dataclass
@@ -118,12 +127,17 @@ class Batch:
         """在 CPU 上拼好 input_ids 和 positions，一次拷到设备上；再从页表查出每个 token 的槽号。
 
         给了 token_pool（[R, S] int32，和页表同形，第 11 章）时，input_ids 在设备上从它里面取。
+        每个请求只读三个整数；逐 token 的张量由几个向量化的操作展开，不为每个请求建小张量。
         """
         reqs = self.padded_reqs
-        assert reqs and all(r.extend_len > 0 for r in reqs), "empty batch or request"
-        assert not self.is_decode or all(r.extend_len == 1 for r in reqs), "decode is one token each"
-        pos = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])  # [T]
-        rows = torch.cat([torch.full((r.extend_len,), r.table_idx, dtype=torch.int32) for r in reqs])  # [T]
+        meta = torch.tensor([(r.table_idx, r.cached_len, r.extend_len) for r in reqs], dtype=torch.int32)  # [B, 3]
+        rows, cached, lens = meta.unbind(1)  # [B] ×3
+        assert len(reqs) > 0 and bool((lens > 0).all()), "empty batch or request"
+        assert not self.is_decode or bool((lens == 1).all()), "decode is one token each"
+        T = int(lens.sum())
+        first = lens.cumsum(0) - lens  # [B]：每个请求的第一个 token 在批里的下标
+        pos = (torch.arange(T) + (cached - first).repeat_interleave(lens, output_size=T)).int()  # [T]
+        rows = rows.repeat_interleave(lens, output_size=T)  # [T]
         if token_pool is None:
             ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])  # [T]
             host = torch.stack([ids, pos, rows])  # [3, T] int32：一次拷贝

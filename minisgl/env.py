@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch01_skeleton.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch01_skeleton.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import os
@@ -19,6 +19,8 @@ class Env:
 
     log_level: str = _var("LOG_LEVEL", "INFO", "日志级别：DEBUG / INFO / WARNING / ERROR")
     cache_dir: str = _var("CACHE_DIR", "~/.cache/minisgl", "内置模型等缓存文件放在哪里")
+    fused_kernels: bool = _var("FUSED_KERNELS", True, "GPU 上 bf16/fp16 时用 FlashInfer 的融合 norm、RoPE、激活；"
+                               "0 关掉（对比用）")
 
     def __post_init__(self) -> None:
         levels = ("DEBUG", "INFO", "WARNING", "ERROR")

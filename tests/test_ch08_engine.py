@@ -165,3 +165,53 @@ def test_gpu_graph_replay_equals_eager(fixture: str, request) -> None:
             assert torch.equal(replayed, eager), f"bs={bs}: max diff {(replayed - eager).abs().max()}"
     finally:
         engine.shutdown()
+
+
+def _close_bf16(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """bf16 的两种算法只差舍入：相对误差在 bf16 的两个 ulp（2^-7）以内。"""
+    scale = ref.float().abs().max().item()
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=2 ** -7 * scale)
+
+
+@pytest.mark.gpu
+def test_gpu_fused_kernels_match_torch(monkeypatch) -> None:
+    """FlashInfer 的 rmsnorm（2 维、按头的 3 维且行有步长）、fused_add_rmsnorm、RoPE、silu_and_mul 与第 2 章的写法一致。"""
+    pytest.importorskip("flashinfer")
+    from minisgl.layers import RMSNorm, RMSNormFused, get_rope, silu_and_mul
+    from minisgl.layers.base import _fused_module, fused_kernels
+
+    def both(fn):  # (第 2 章的写法, 融合 kernel)：各自拿一份新的输入，原地的 kernel 也不会互相影响
+        out = []
+        for flag in ("0", "1"):
+            monkeypatch.setenv("MINISGL_FUSED_KERNELS", flag)
+            _fused_module.cache_clear()
+            out.append(fn())
+        return out
+
+    torch.manual_seed(0)
+    dev, dt, T, H, Hkv, D, E, I = "cuda", torch.bfloat16, 37, 16, 8, 128, 1024, 3072
+    x = torch.randn(T, E, device=dev, dtype=dt)
+    assert fused_kernels(x) is not None and fused_kernels(x.float()) is None and fused_kernels(x.cpu()) is None
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, device=dev, dtype=dt)
+    q, k = qkv[:, :H * D].view(T, H, D), qkv[:, H * D:(H + Hkv) * D].view(T, Hkv, D)  # 行之间有步长
+
+    qn = RMSNorm(D, 1e-6)
+    qn.weight = torch.randn(D, device=dev, dtype=dt)
+    _close_bf16(*reversed(both(lambda: qn.forward(q))))
+    norm = RMSNormFused(E, 1e-6)
+    norm.weight = torch.randn(E, device=dev, dtype=dt)
+    r = torch.randn(T, E, device=dev, dtype=dt)
+    (ref_y, ref_r), (got_y, got_r) = both(lambda: norm.forward(x.clone(), r.clone()))
+    assert torch.equal(got_r, ref_r)  # 残差加法：两边都是 bf16 + bf16 舍入一次
+    _close_bf16(got_y, ref_y)
+    (ref_y, ref_r), (got_y, got_r) = both(lambda: norm.forward(x.clone(), None))
+    assert torch.equal(got_r, x)
+    _close_bf16(got_y, ref_y)
+
+    rope = get_rope(D, D, 40960, 1e6, None)
+    pos = torch.randint(0, 40960, (T,), device=dev, dtype=torch.int32)
+    (ref_q, ref_k), (got_q, got_k) = both(lambda: rope.forward(pos, q.clone(), k.clone()))
+    _close_bf16(got_q, ref_q)
+    _close_bf16(got_k, ref_k)
+    gate_up = torch.randn(T, 2 * I, device=dev, dtype=dt)
+    _close_bf16(*reversed(both(lambda: silu_and_mul(gate_up))))

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""What each scheduler feature buys, measured on CPU with the embedded SmolLM2-135M.
+"""What each scheduler feature buys, measured on CPU with the embedded SmolLM2-135M (or, with --gpu, on a GPU
+with random weights in the Qwen3-0.6B config, at larger sizes).
 
     python tools/bench_features.py continuous [--quick]   # continuous vs static batching, mixed output lengths
     python tools/bench_features.py prefix [--quick]       # radix vs naive prefix cache, multi-turn chat
     python tools/bench_features.py chunked [--quick]      # decode gaps while long prompts arrive, chunked or not
     python tools/bench_features.py overlap [--quick]      # overlap scheduling on vs off, decode-heavy
+    python tools/bench_features.py chunked --gpu           # any of them on cuda (Qwen3-0.6B config, random bf16)
 
 Each subcommand prints one small table. Token times come from LLM.send_result (overridden to timestamp each
 token as the scheduler hands it out); steps are counted by wrapping Scheduler.launch. The machine is shared
@@ -53,7 +55,7 @@ class TimedLLM(LLM):
         return super().launch(batch)
 
     def one_step(self) -> bool:
-        overlap = self.config.enable_overlap if self.overlap is None else self.overlap
+        overlap = getattr(self.config, "enable_overlap", False) if self.overlap is None else self.overlap
         return self.overlap_step() if overlap else self.step()
 
     # -- driving the scheduler by hand (requests arriving while others decode)
@@ -75,9 +77,13 @@ class TimedLLM(LLM):
         return uid in self._done
 
 
+# where to run: set by main() (--gpu: a random Qwen3-0.6B checkpoint on cuda)
+RUN = {"model": None, "device": "cpu", "label": "SmolLM2-135M, CPU", "gpu": False}
+
+
 def make_llm(**kw) -> TimedLLM:
     kw.setdefault("cpu_kv_memory_mb", 1024)
-    llm = TimedLLM(None, device="cpu", **kw)
+    llm = TimedLLM(RUN["model"], device=RUN["device"], **kw)
     llm.generate(["Warm up: the quick brown fox"], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
 
@@ -93,10 +99,10 @@ def pct(xs: List[float], q: float) -> float:
 
 # ---------------------------------------------------------------------------------------------- continuous
 def cmd_continuous(args) -> None:
-    n, B = (16, 4) if args.quick else (32, 8)
+    n, B, hi = (16, 4, 64) if args.quick else (256, 64, 512) if RUN["gpu"] else (32, 8, 64)
     rng = random.Random(0)
     prompts = [rand_ids(rng, rng.randint(16, 32)) for _ in range(n)]
-    outs = [rng.randint(4, 64) for _ in range(n)]
+    outs = [rng.randint(4, hi) for _ in range(n)]
     params = [SamplingParams(ignore_eos=True, max_tokens=k) for k in outs]
     llm = make_llm(max_running_req=B, cache_type="naive")  # naive: the second run gets no prefix hits
     rows = []
@@ -112,8 +118,8 @@ def cmd_continuous(args) -> None:
         dec = llm.steps["decode"]
         rows.append((mode, sum(outs), secs, dec, (sum(outs) - n) / max(dec, 1)))
     llm.shutdown()
-    print(f"\ncontinuous vs static batching: {n} requests, prompts 16-32 tokens, outputs uniform in 4-64 "
-          f"(sum {sum(outs)}), at most {B} running (max_running_req={B}); SmolLM2-135M, CPU")
+    print(f"\ncontinuous vs static batching: {n} requests, prompts 16-32 tokens, outputs uniform in 4-{hi} "
+          f"(sum {sum(outs)}), at most {B} running (max_running_req={B}); {RUN['label']}")
     print(f"{'batching':<11} {'tokens':>6} {'seconds':>8} {'tokens/s':>9} {'decode steps':>12} {'mean batch':>10}")
     for mode, tok, secs, dec, mb in rows:
         print(f"{mode:<11} {tok:>6} {secs:>8.2f} {tok / secs:>9.1f} {dec:>12} {mb:>10.2f}")
@@ -122,8 +128,8 @@ def cmd_continuous(args) -> None:
 
 # ---------------------------------------------------------------------------------------------- prefix
 def cmd_prefix(args) -> None:
-    convs, turns, answer = (4, 3, 16) if args.quick else (8, 4, 24)
-    tok = load_tokenizer(default_model_path())
+    convs, turns, answer = (4, 3, 16) if args.quick else (64, 4, 64) if RUN["gpu"] else (8, 4, 24)
+    tok = load_tokenizer(RUN["model"] or default_model_path())
     system = ("You are a careful assistant for a small inference-engine workshop. Answer briefly and precisely. "
               "Rules: cite the chapter when you can; prefer code over prose; never invent an API; say when you "
               "do not know; keep answers under three sentences; use SI units; explain one idea at a time; "
@@ -175,7 +181,7 @@ def cmd_prefix(args) -> None:
     print(f"\nprefix cache: {convs} conversations x {turns} turns sharing a "
           f"{len(tok.encode(system, add_special_tokens=False))}-token system prompt; each turn = previous prompt "
           f"+ previous answer (<= {answer} tokens) + a new user message; a turn is submitted when the previous one "
-          f"returned (all conversations' turn t together); SmolLM2-135M, CPU")
+          f"returned (all conversations' turn t together); {RUN['label']}")
     print(f"{'turn':>4} {'prompt tokens':>13} {'radix hit rate':>14} {'TTFT naive ms':>13} {'TTFT radix ms':>13}")
     for (t, p, _, tn, _), (_, _, hr, tr, _) in zip(res["naive"][0], res["radix"][0]):
         print(f"{t:>4} {p:>13.0f} {hr:>14.1%} {tn * 1000:>13.0f} {tr * 1000:>13.0f}")
@@ -187,9 +193,10 @@ def cmd_prefix(args) -> None:
 
 # ---------------------------------------------------------------------------------------------- chunked
 def cmd_chunked(args) -> None:
-    n_dec, dec_out, n_long, long_len, every = (4, 60, 2, 800, 12) if args.quick else (8, 100, 3, 1500, 15)
+    n_dec, dec_out, n_long, long_len, every = (4, 60, 2, 800, 12) if args.quick else \
+        (64, 300, 4, 24000, 40) if RUN["gpu"] else (8, 100, 3, 1500, 15)
     rows = []
-    for budget in (8192, 256):
+    for budget in ((32768, 2048) if RUN["gpu"] else (8192, 256)):
         llm = make_llm(max_extend_tokens=budget, cache_type="naive")
         rng = random.Random(0)
         dec = [llm.submit(rand_ids(rng, 16), SamplingParams(ignore_eos=True, max_tokens=dec_out))
@@ -207,12 +214,13 @@ def cmd_chunked(args) -> None:
             pass
         gaps = [b - a for u in dec for a, b in zip(llm.times[u], llm.times[u][1:])]
         ttft = [llm.times[u][0] - llm.submitted[u] for u in longs]
+        overlap = getattr(llm.config, "enable_overlap", False)
         rows.append((budget, pct(gaps, 0.5), pct(gaps, 0.95), max(gaps), statistics.mean(ttft),
                      max(llm.step_secs), llm.steps["prefill"]))
         llm.shutdown()
     print(f"\nchunked prefill: {n_dec} requests decoding {dec_out} tokens each; every {every} steps a "
           f"{long_len}-token prompt arrives ({n_long} in all); gaps between consecutive tokens of the decoding "
-          f"requests; SmolLM2-135M, CPU, overlap on")
+          f"requests; {RUN['label']}, overlap {'on' if overlap else 'off (this tree has none)'}")
     print(f"{'max_extend_tokens':>17} {'gap p50 ms':>10} {'gap p95 ms':>10} {'gap max ms':>10} "
           f"{'long TTFT ms':>12} {'longest step ms':>15} {'prefill steps':>13}")
     for b, p50, p95, mx, tt, ls, ps in rows:
@@ -222,7 +230,7 @@ def cmd_chunked(args) -> None:
 
 # ---------------------------------------------------------------------------------------------- overlap
 def cmd_overlap(args) -> None:
-    n, prompt, out, reps = (8, 16, 48, 1) if args.quick else (16, 16, 64, 3)
+    n, prompt, out, reps = (8, 16, 48, 1) if args.quick else (64, 16, 256, 3) if RUN["gpu"] else (16, 16, 64, 3)
     rng = random.Random(0)
     prompts = [rand_ids(rng, prompt) for _ in range(n)]
     sp = SamplingParams(ignore_eos=True, max_tokens=out)
@@ -246,7 +254,8 @@ def cmd_overlap(args) -> None:
     llm.shutdown()
     tokens = n * out
     print(f"\noverlap scheduling: {n} requests, {prompt}-token prompts, {out} output tokens each (ignore_eos), "
-          f"{reps} run(s) each, alternating; SmolLM2-135M, CPU (the 'device' is the same cores as the host)")
+          f"{reps} run(s) each, alternating; {RUN['label']}" + ("" if RUN["gpu"] else
+          " (the 'device' is the same cores as the host)"))
     print(f"{'overlap':<7} {'run':>3} {'steps':>5} {'seconds':>8} {'ms/step':>8} {'tokens/s':>9}")
     for m in ("off", "on"):
         for i, (secs, steps) in enumerate(res[m]):
@@ -266,6 +275,7 @@ def main() -> None:
                             ("overlap", cmd_overlap, "overlap scheduling on vs off")]:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--quick", action="store_true", help="smaller sizes")
+        p.add_argument("--gpu", action="store_true", help="cuda, random weights in the Qwen3-0.6B config, larger sizes")
         p.add_argument("--threads", type=int, default=1,
                        help="torch CPU threads (default 1: on a shared, oversubscribed machine OpenMP's spinning "
                             "barriers make 2 threads on 2 busy cores ~10x slower than 1)")
@@ -273,7 +283,20 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    args.fn(args)
+    if args.gpu:
+        import shutil
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_offline import random_checkpoint
+
+        RUN.update(model=str(random_checkpoint(Path(__file__).resolve().parent / "configs" / "qwen3-0.6b.json")),
+                   device="cuda", label=f"Qwen3-0.6B config (random bf16 weights), {torch.cuda.get_device_name()}",
+                   gpu=True)
+        try:
+            args.fn(args)
+        finally:
+            shutil.rmtree(RUN["model"], ignore_errors=True)
+    else:
+        args.fn(args)
 
 
 if __name__ == "__main__":

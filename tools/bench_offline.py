@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
@@ -80,31 +80,115 @@ def timed(fn: Callable[[], int], device: str) -> Tuple[int, float]:
     return tokens, time.perf_counter() - t0
 
 
-def run_minisgl(path: Path, prompts, outputs, args) -> Tuple[int, float, str]:
+def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | None = None,
+                subsets: List[int] = (), profile: bool = False) -> List[Tuple[str, int, float]]:
+    """One LLM: the whole workload timed, then (subsets) its first k sequences, then (profile) a profiled run."""
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
-    kw = dict(device=args.device, dtype=args.dtype, page_size=args.page_size, attention_backend=args.attn,
-              cache_type=args.cache, enable_overlap=args.overlap == "on", max_running_req=args.max_running_req,
+    v = {"overlap": args.overlap, "graphs": str(args.cuda_graph_max_bs), "attn": args.attn, **(variant or {})}
+    kw = dict(device=args.device, dtype=args.dtype, page_size=args.page_size, attention_backend=v["attn"],
+              cache_type=args.cache, enable_overlap=v["overlap"] == "on", max_running_req=args.max_running_req,
               max_extend_tokens=args.max_extend_tokens)
     if args.device != "cpu":
-        kw["cuda_graph_max_bs"] = args.cuda_graph_max_bs
+        kw["cuda_graph_max_bs"] = int(v["graphs"])
+    import dataclasses
+    from minisgl.scheduler import SchedulerConfig
+    if "enable_overlap" not in {f.name for f in dataclasses.fields(SchedulerConfig)}:  # chapters 9-10's trees
+        if kw.pop("enable_overlap"):
+            raise SystemExit("error: --overlap on: this tree has no overlap scheduling (chapter 11); use --overlap off")
     llm = LLM(str(path), **kw)
     llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up
-    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in outputs]
 
-    def go() -> int:
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        got = [len(o["token_ids"]) for o in outs]
-        assert got == outputs, "minisgl produced a different number of tokens than asked"
+    def go(ps, outs) -> int:
+        params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in outs]
+        got = [len(o["token_ids"]) for o in llm.generate(ps, params, use_tqdm=False)]
+        assert got == list(outs), "minisgl produced a different number of tokens than asked"
         return sum(got)
 
-    tokens, secs = timed(go, args.device)
-    desc = f"minisgl (overlap {args.overlap}, {args.cache} cache, page {args.page_size}, attn {args.attn})"
+    desc = f"minisgl (overlap {v['overlap']}, {args.cache} cache, page {args.page_size}, attn {v['attn']}"
+    if args.device != "cpu":
+        desc += f", graphs {'on' if int(v['graphs']) else 'off'}"
+    import os
+    if os.environ.get("MINISGL_FUSED_KERNELS") == "0":
+        desc += ", fused kernels off"
+    desc += ")"
+    rows = [(desc, *timed(lambda: go(prompts, outputs), args.device))]
+    for k in subsets:
+        rows.append((f"{desc} · first {k}", *timed(lambda: go(prompts[:k], outputs[:k]), args.device)))
+    if profile:
+        profile_run(lambda: go(prompts, [min(n, 128) for n in outputs]), args.device)
+    if profile and getattr(args, "host_profile", False):
+        host_profile(lambda: go(prompts, [min(n, 128) for n in outputs]), args.device)
     llm.shutdown()
     del llm
     gc.collect()
-    return tokens, secs, desc
+    return rows
+
+
+KINDS = [("attention", ["flashinfer", "batchdecode", "batchprefill", "attention", "paged", "sdpa", "flash"]),
+         ("gemm", ["gemm", "cutlass", "sm90", "nvjet", "cublas", "matmul"]),
+         ("norm", ["norm"]), ("rope", ["rope", "rotary"]),
+         ("sampling", ["sampl", "argmax", "topk", "softmax", "sort"]),
+         ("memcpy/memset", ["memcpy", "memset"]), ("store/index", ["store", "index", "gather", "scatter"]),
+         ("activation", ["silu", "act_and_mul", "gelu"]), ("elementwise", ["elementwise", "vectorized", "reduce"])]
+
+
+def host_profile(fn: Callable[[], int], device: str) -> None:
+    """The scheduler's own Python time (cProfile): which host functions a step spends its time in."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    tokens, wall = timed(fn, device)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
+    print(f"\nhost profile (cProfile, outputs capped at 128 tokens): {wall:.2f} s wall")
+    print("\n".join(line for line in out.getvalue().splitlines()[6:] if line.strip()))
+
+
+def profile_run(fn: Callable[[], int], device: str) -> None:
+    """Where the GPU time goes: kernel time by kind, kernel count, and the share of wall time the GPU was busy."""
+    import collections
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        tokens, wall = timed(fn, device)
+    kern: Dict[str, float] = collections.Counter()
+    count: Dict[str, int] = collections.Counter()
+    spans = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kern[e.name] += e.time_range.elapsed_us()
+            count[e.name] += 1
+            spans.append((e.time_range.start, e.time_range.end))
+    spans.sort()
+    busy, cur = 0.0, None
+    for s, e in spans:
+        if cur is None or s > cur[1]:
+            busy += 0 if cur is None else cur[1] - cur[0]
+            cur = [s, e]
+        else:
+            cur[1] = max(cur[1], e)
+    busy += 0 if cur is None else cur[1] - cur[0]
+    total = sum(kern.values()) or 1.0
+    print(f"\nprofile (outputs capped at 128 tokens, {tokens} tokens): {wall:.2f} s wall, kernels {total / 1e6:.2f} s, "
+          f"GPU busy {100 * busy / 1e6 / wall:.0f}% of wall, {sum(count.values())} kernel launches")
+    by_kind: Dict[str, float] = collections.Counter()
+    n_kind: Dict[str, int] = collections.Counter()
+    for name, us in kern.items():
+        k = next((k for k, pats in KINDS if any(p in name.lower() for p in pats)), "other")
+        by_kind[k] += us
+        n_kind[k] += count[name]
+    print(f"{'kind':<14} {'seconds':>8} {'share':>6} {'kernels':>8}")
+    for k, us in by_kind.most_common():
+        print(f"{k:<14} {us / 1e6:>8.3f} {100 * us / total:>5.1f}% {n_kind[k]:>8}")
+    print("top kernels:")
+    for name, us in kern.most_common(12):
+        print(f"  {us / 1e6:8.3f} s  x{count[name]:<6} {name[:100]}")
 
 
 def load_hf(path: Path, args):
@@ -201,6 +285,15 @@ def main() -> None:
     ap.add_argument("--max-extend-tokens", type=int, default=None, help="default 8192 (CPU) / 16384 (--gpu)")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
     ap.add_argument("--hf-batch", type=int, default=None, help="transformers' static batch size (default 32 / 64)")
+    ap.add_argument("--variants", nargs="*", default=None, metavar="K=V,...",
+                    help="minisgl configurations to run one after another, e.g. overlap=off graphs=0,attn=torch "
+                         "(keys overlap, graphs, attn; default: just the flags above)")
+    ap.add_argument("--hf-seqs", type=int, default=None,
+                    help="run transformers on the first K sequences only, and minisgl on them too for the ratio "
+                         "(default: all on CPU, 64 with --gpu, where transformers takes minutes)")
+    ap.add_argument("--profile", action="store_true", help="profile the first minisgl configuration (torch profiler)")
+    ap.add_argument("--host-profile", action="store_true", help="with --profile: also cProfile the host side")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' static generate")
     ap.add_argument("--no-hf-cb", action="store_true", help="skip transformers' continuous batching")
     ap.add_argument("--threads", type=int, default=None,
@@ -234,20 +327,27 @@ def main() -> None:
     mcfg = json.loads((path / "config.json").read_text())
     prompts, outputs = workload(n, lo, hi, mcfg["vocab_size"])
 
+    variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants] if args.variants else [{}]
+    for v in variants:
+        bad = set(v) - {"overlap", "graphs", "attn"}
+        if bad:
+            raise SystemExit(f"error: --variants: unknown key(s) {sorted(bad)}; use overlap, graphs, attn")
+    hf = not args.no_hf or not args.no_hf_cb
+    k = args.hf_seqs or (64 if gpu else n)
+    subsets = [k] if hf and k < n else []
     rows = []
-    tokens, secs, desc = run_minisgl(path, prompts, outputs, args)
-    rows.append((desc, tokens, secs))
-    if gpu:
-        torch.cuda.empty_cache()
-    model = None
-    if not args.no_hf or not args.no_hf_cb:
-        model = load_hf(path, args)
+    for i, v in enumerate(variants):
+        rows += run_minisgl(path, prompts, outputs, args, v, subsets if i == 0 else [], args.profile and i == 0)
+        if gpu:
+            torch.cuda.empty_cache()
+    model = load_hf(path, args) if hf else None
+    note = f" · first {k}" if k < n else ""
     if not args.no_hf:
-        t, s = run_hf_static(model, prompts, outputs, args)
-        rows.append((f"transformers generate (static batches of {args.hf_batch})", t, s))
+        t, s = run_hf_static(model, prompts[:k], outputs[:k], args)
+        rows.append((f"transformers generate (static batches of {args.hf_batch}){note}", t, s))
     if not args.no_hf_cb:
-        res = run_hf_continuous(model, prompts, outputs, args)
-        rows.append(("transformers continuous batching", *res) if isinstance(res, tuple) else
+        res = run_hf_continuous(model, prompts[:k], outputs[:k], args)
+        rows.append((f"transformers continuous batching{note}", *res) if isinstance(res, tuple) else
                     (f"transformers continuous batching: {res}", None, None))
 
     import transformers
@@ -255,16 +355,29 @@ def main() -> None:
     print(f"\n{name} on {args.device}, {n} sequences, input and output lengths uniform in [{lo}, {hi}], "
           f"{sum(len(p) for p in prompts)} prompt tokens, ignore_eos, greedy; torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {torch.get_num_threads()} threads")
-    base = rows[0][1] / rows[0][2]
+    print_rows(rows)
+    if args.json:
+        args.json.write_text(json.dumps([dict(engine=d, tokens=t, seconds=s) for d, t, s in rows], indent=1))
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_rows(rows: List[Tuple[str, int | None, float | None]]) -> None:
+    """The table; "vs minisgl" compares each row with the first minisgl row over the same sequences."""
+    def base_for(desc: str) -> float:
+        tag = desc.split(" · ")[1] if " · " in desc else None
+        for d, t, s in rows:
+            if d.startswith("minisgl") and (d.split(" · ")[1] if " · " in d else None) == tag and t:
+                return t / s
+        return float("nan")
+
     w = max(len(r[0]) for r in rows)
     print(f"{'engine':<{w}} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'vs minisgl':>10}")
     for desc, t, s in rows:
         if t is None:
             print(f"{desc:<{w}} {'-':>7} {'-':>8} {'-':>9} {'-':>10}")
         else:
-            print(f"{desc:<{w}} {t:>7} {s:>8.2f} {t / s:>9.1f} {t / s / base:>10.2f}")
-    if tmp:
-        shutil.rmtree(tmp, ignore_errors=True)
+            print(f"{desc:<{w}} {t:>7} {s:>8.2f} {t / s:>9.1f} {t / s / base_for(desc):>10.2f}")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default=None, help="a running server; default: start one")
     ap.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2)")
+    ap.add_argument("--random-config", type=Path, default=None,
+                    help="instead of --model: random bf16 weights in this config (e.g. tools/configs/qwen3-0.6b.json; "
+                         "made on the GPU, Qwen3's tokenizer)")
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--num-requests", type=int, default=32)
@@ -149,7 +152,15 @@ def main() -> None:
 
     from minisgl.utils.hf import resolve_model_path
 
-    model = str(resolve_model_path(args.model))
+    tmp = None
+    if args.random_config:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_offline import random_checkpoint
+
+        model = str(random_checkpoint(args.random_config))
+        tmp = model
+    else:
+        model = str(resolve_model_path(args.model))
     prompts = make_prompts(args.num_requests, args.input_len)
     proc = None
     url = args.url
@@ -163,11 +174,15 @@ def main() -> None:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        if tmp:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
 
     tokens = sum(r.output_tokens for r in results)
     rows = [("TTFT (s)", [r.ttft for r in results]), ("TPOT (ms)", [r.tpot * 1000 for r in results]),
             ("E2E (s)", [r.e2e for r in results])]
-    print(f"\nmodel {Path(model).name}, {args.num_requests} requests, {args.concurrency} concurrent, "
+    name = f"random {args.random_config.stem}" if args.random_config else Path(model).name
+    print(f"\nmodel {name}, {args.num_requests} requests, {args.concurrency} concurrent, "
           f"~{args.input_len} prompt tokens, {args.output_len} output tokens each")
     print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for name, xs in rows:

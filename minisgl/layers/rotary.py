@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch02_layers.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch02_layers.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from .base import StateLessOP
+from .base import StateLessOP, fused_kernels
 
 # T = token 数，H/Hkv = q/kv 头数，D = head_dim，R = rotary_dim（通常等于 D）
 
@@ -34,6 +34,11 @@ class RotaryEmbedding(StateLessOP):
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._cos_sin_cache.device != positions.device:  # 只搬一次，之后一直留在那个设备上
             self._cos_sin_cache = self._cos_sin_cache.to(positions.device)
+        fi = fused_kernels(q)
+        if fi is not None:  # 一个 kernel 原地转完 q 和 k：同一张 [P, R] 表，前一半 cos、后一半 sin
+            fi.rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, self.head_dim, self._cos_sin_cache,
+                                                          is_neox=True)
+            return q, k
         cos, sin = self._cos_sin_cache[positions].chunk(2, dim=-1)  # [T, R/2] ×2 float32
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, R/2]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)  # [T, H, D], [T, Hkv, D]

@@ -81,8 +81,10 @@ class CacheManager:
             r = torch.tensor(rows)[:, None].expand(-1, P)  # [N, P]
             c = torch.tensor(cols)[:, None] + offs  # [N, P]
             slots = (torch.tensor(pages)[:, None] * P + offs).int()  # [N, P]
-            dev = self.page_table.device
-            self.page_table[r.flatten().to(dev), c.flatten().to(dev)] = slots.flatten().to(dev)
+            host = torch.stack([r.flatten(), c.flatten().int(), slots.flatten()]).int()  # [3, N·P]：一次拷贝
+            # non_blocking：阻塞的 .to(cuda) 会等 GPU 把排着的工作做完，第 11 章的重叠就没了
+            rows_d, cols_d, slots_d = host.to(self.page_table.device, non_blocking=True).unbind(0)
+            self.page_table[rows_d, cols_d] = slots_d
 
     def release(self, req: Req, insert: bool = True) -> None:
         """请求结束或中止：算过的整页插进前缀缓存，重复的页和零头还回空闲列表，解锁，退掉没用完的预留。"""
