@@ -235,6 +235,7 @@ class NodeLink:
 
     def send(self, line: str) -> None:
         try:
+            self.sock.settimeout(5.0)  # recv(timeout=0) 把 socket 设成了非阻塞：发送时换回有期限的阻塞
             self.sock.sendall(line.encode() + b"\n")
         except OSError:
             pass  # 对面已经走了：它那边自己会发现
