@@ -238,6 +238,80 @@ def test_api_key_stop_and_seed(smol_server) -> None:
     assert a.choices[0].message.content == b.choices[0].message.content != other.choices[0].message.content
 
 
+def free_ports(n: int = 3) -> int:
+    """n 个连续空闲端口里的第一个：--dist-init-addr 的 PORT..PORT+2 都要用。"""
+    while True:
+        port = free_port()
+        try:
+            for p in range(port, port + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+
+def node_cmd(model: Path, addr: str, rank: int, *flags: str) -> List[str]:
+    return [sys.executable, "-m", "minisgl", "--model", str(model), *SERVER_FLAGS, "--tp", "2", "--nnodes", "2",
+            "--node-rank", str(rank), "--dist-init-addr", addr, *flags]
+
+def spawned(proc: subprocess.Popen) -> List[psutil.Process]:
+    return [w for w in psutil.Process(proc.pid).children(recursive=True) if "--multiprocessing-fork" in w.cmdline()]
+
+def test_two_nodes_equal_tp1(server, tiny_qwen3: Path, tmp_path: Path) -> None:
+    """--tp 2 分在两个"节点"上（两个启动器，loopback 上的 gloo）：openai 客户端拿到的贪心结果与 TP=1 的服务相同；
+    只有节点 0 有 API Server 和分词进程；节点 0 收到 SIGTERM，节点 1 跟着以 0 退出，两边都不留子进程。"""
+    addr, log1 = f"127.0.0.1:{free_ports()}", tmp_path / "node1.log"
+    node1 = subprocess.Popen(node_cmd(tiny_qwen3, addr, 1), stdout=log1.open("w"), stderr=subprocess.STDOUT,
+                             start_new_session=True)  # 先起节点 1：它等节点 0
+    node0 = None
+    try:
+        node0, port = start_server(tiny_qwen3, tmp_path / "node0.log", "--tp", "2", "--nnodes", "2",
+                                   "--node-rank", "0", "--dist-init-addr", addr)
+        tp1, tp2 = client(server[0]), client(port)
+        for prompt in PROMPTS:
+            kw: Dict[str, Any] = dict(model="m", prompt=prompt, max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True})
+            assert tp2.completions.create(**kw).choices[0].text == tp1.completions.create(**kw).choices[0].text
+        kw = dict(model="m", messages=[{"role": "user", "content": "你好"}], max_tokens=10, temperature=0)
+        assert tp2.chat.completions.create(**kw).choices[0].message.content == \
+            tp1.chat.completions.create(**kw).choices[0].message.content
+        w0, w1 = spawned(node0), spawned(node1)
+        assert (len(w0), len(w1)) == (2, 1)  # 节点 0：TP0 调度器 + detokenizer；节点 1：只有 TP1 调度器
+        node0.send_signal(signal.SIGTERM)
+        assert node0.wait(timeout=30) == 0
+        assert node1.wait(timeout=30) == 0 and "node 0 is shutting down" in log1.read_text(), log1.read_text()[-2000:]
+        _, alive = psutil.wait_procs(w0 + w1, timeout=10)
+        assert not alive, [w.cmdline() for w in alive]
+    finally:
+        for proc in (node0, node1):
+            if proc is not None:
+                stop_server(proc)
+
+def test_multinode_bad_flags_and_unreachable_addr(tiny_qwen3: Path, capsys) -> None:
+    """多节点 flag 的坏组合：一行 error、以 2 退出。没人应答的 --dist-init-addr：节点 1 连不上节点 0、节点 0 等不到
+    节点 1，都在 --dist-timeout 内以一行以 --dist-init-addr 开头的错误、退出码 1 结束（还没起任何工作进程）。"""
+    from minisgl.server.args import parse_args
+
+    bad = {"--tp 3 --nnodes 2 --dist-init-addr 127.0.0.1:5000": "--tp 3 is invalid with --nnodes 2",
+           "--tp 2 --nnodes 2 --node-rank 2 --dist-init-addr 127.0.0.1:5000": "--node-rank 2 is invalid",
+           "--tp 2 --nnodes 2": "--dist-init-addr is required with --nnodes 2",
+           "--tp 2 --nnodes 2 --dist-init-addr 127.0.0.1": "--dist-init-addr '127.0.0.1' is invalid"}
+    for flags, msg in bad.items():
+        with pytest.raises(SystemExit) as e:
+            parse_args(["--model", str(tiny_qwen3), *flags.split()])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: {msg}") and err.count("\n") == 1, err
+    addrs = {rank: f"127.0.0.1:{free_ports()}" for rank in (0, 1)}  # 两个地址上都没有别的节点
+    procs = {rank: subprocess.Popen(node_cmd(tiny_qwen3, addr, rank, "--dist-timeout", "2", "--port",
+                                             str(free_port())), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True) for rank, addr in addrs.items()}
+    want = {1: f"--dist-init-addr {addrs[1]}: node 0 did not answer within 2 s",
+            0: f"--dist-init-addr {addrs[0]}: node(s) [1] did not join within 2 s"}
+    for rank, proc in procs.items():
+        out = proc.communicate(timeout=120)[0].strip()
+        assert proc.returncode == 1 and want[rank] in out and len(out.splitlines()) == 1, out
+
+
 def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path) -> None:
     """坏的参数值：一行 error 并以 2 退出；一个工作进程就绪前就死了：清楚的错误、非零退出码、不留子进程。"""
     bad = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--page-size", "0"],

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, List, NoReturn
+from typing import Any, List, NoReturn, Tuple
 
 from minisgl.distributed import DistributedInfo, free_tcp_address
 from minisgl.scheduler import SchedulerConfig
@@ -24,6 +25,9 @@ class ServerArgs(SchedulerConfig):
     silent_output: bool = False  # 交互模式下工作进程不打 INFO 日志
     zmq_frontend_addr: str = ""  # detokenizer（和调度器的统计）→ API Server
     zmq_tokenizer_addr: str = ""  # API Server → tokenizer；num_tokenizer = 0 时就是 detokenizer 的地址
+    nnodes: int = 1  # --nnodes：TP 的 --tp 个 rank 平分在这么多台机器上
+    node_rank: int = 0  # --node-rank：本机是第几个节点；只有节点 0 起 API Server
+    dist_timeout: float = 60.0  # --dist-timeout：节点之间互相找到的期限（秒）
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -31,6 +35,19 @@ class ServerArgs(SchedulerConfig):
             raise ValueError(f"--num-tokenizer {self.num_tokenizer} is invalid: it must be >= 0")
         if not 0 < self.server_port < 65536:
             raise ValueError(f"--port {self.server_port} is invalid: it must be in 1..65535")
+        tp, n = self.tp_info.size, self.nnodes
+        if n < 1:
+            raise ValueError(f"--nnodes {n} is invalid: it must be >= 1")
+        if tp % n:
+            raise ValueError(f"--tp {tp} is invalid with --nnodes {n}: --tp is the total over all nodes, "
+                             f"so it must be a multiple of --nnodes")
+        if not 0 <= self.node_rank < n:
+            raise ValueError(f"--node-rank {self.node_rank} is invalid: with --nnodes {n} it must be in 0..{n - 1}")
+        if n > 1 and self.dist_init_addr is None:
+            raise ValueError(f"--dist-init-addr is required with --nnodes {n}: node 0's HOST:PORT, "
+                             f"the same on every node")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"--dist-timeout {self.dist_timeout} is invalid: it must be > 0")
 
     @property
     def tokenizer_create_addr(self) -> bool:
@@ -40,6 +57,13 @@ class ServerArgs(SchedulerConfig):
     @property
     def served_model_name(self) -> str:
         return Path(self.model_path).name
+
+    @property
+    def dist_host_port(self) -> Tuple[str, int]:
+        """--dist-init-addr 的 (HOST, PORT)：PORT 是 torch.distributed 的会合点，PORT+1 启动器之间的连接，PORT+2 广播。"""
+        assert self.dist_init_addr is not None
+        host, port = self.dist_init_addr.removeprefix("tcp://").rsplit(":", 1)
+        return host, int(port)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,10 +96,25 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disable-overlap-scheduling", action="store_true")
     add("--shell", "--shell-mode", action="store_true", help="在终端里对话，不起 HTTP 服务")
     add("--api-key", default=None)
+    add("--nnodes", type=int, default=_default("nnodes"), help="节点（机器）数；--tp 是所有节点加起来的 rank 数")
+    add("--node-rank", type=int, default=_default("node_rank"), help="本节点的编号，0..nnodes-1")
+    add("--dist-init-addr", "--nccl-init-addr", default=None, help="节点 0 的 HOST:PORT，每个节点都给同一个")
+    add("--dist-timeout", type=float, default=_default("dist_timeout"), help="节点互相找到的期限（秒）")
     return p
 
 def _zmq_addr(i: int) -> str:
     return f"ipc:///tmp/minisgl_{i}.pid={os.getpid()}"
+
+def _dist_addr(text: str) -> Tuple[str, int]:
+    """--dist-init-addr HOST:PORT → (IP, PORT)。主机名在这里解析成 IP：ZMQ 的 bind 只认地址。"""
+    host, sep, port = text.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65534):
+        raise ValueError(f"--dist-init-addr {text!r} is invalid: it must be HOST:PORT with PORT in 1..65533 "
+                         f"(PORT+1 and PORT+2 are used too), e.g. 192.168.0.2:25000")
+    try:
+        return socket.gethostbyname(host), int(port)
+    except OSError:
+        raise ValueError(f"--dist-init-addr {text!r} is invalid: cannot resolve the host {host!r}") from None
 
 def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
     """命令行 → ServerArgs。坏的值打印一行 error: ... 并以 2 退出（和 argparse 自己的错误一样）。"""
@@ -85,6 +124,7 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
     try:
         if ns.tp < 1:
             raise ValueError(f"--tp {ns.tp} is invalid: it must be >= 1")
+        host, port = _dist_addr(ns.dist_init_addr) if ns.dist_init_addr is not None else ("", 0)
         model_path = resolve_model_path(ns.model)
         detokenizer = _zmq_addr(1)
         return ServerArgs(
@@ -93,13 +133,14 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
             max_running_req=1 if shell else ns.max_running_requests,  # 交互模式只有一个用户
             max_seq_len_override=ns.max_seq_len_override, attention_backend=ns.attn,
             cuda_graph_max_bs=min(ns.cuda_graph_max_bs, 1) if shell else ns.cuda_graph_max_bs,
-            dist_init_addr=free_tcp_address() if ns.tp > 1 else None,
+            dist_init_addr=f"tcp://{host}:{port}" if host else free_tcp_address() if ns.tp > 1 and ns.nnodes == 1 else None,
             max_extend_tokens=ns.max_prefill_length, cache_type=ns.cache,
             enable_overlap=not ns.disable_overlap_scheduling,
             zmq_backend_addr=_zmq_addr(0), zmq_detokenizer_addr=detokenizer,
-            zmq_broadcast_addr=_zmq_addr(4) if ns.tp > 1 else None,
+            zmq_broadcast_addr=f"tcp://{host}:{port + 2}" if ns.nnodes > 1 else _zmq_addr(4) if ns.tp > 1 else None,
             server_host=ns.host, server_port=ns.port, num_tokenizer=ns.num_tokenizer, shell=shell,
             api_key=ns.api_key, silent_output=shell, zmq_frontend_addr=_zmq_addr(2),
-            zmq_tokenizer_addr=_zmq_addr(3) if ns.num_tokenizer > 0 else detokenizer)
+            zmq_tokenizer_addr=_zmq_addr(3) if ns.num_tokenizer > 0 else detokenizer,
+            nnodes=ns.nnodes, node_rank=ns.node_rank, dist_timeout=ns.dist_timeout)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))

@@ -2,20 +2,22 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import multiprocessing as mp
 import queue
 import signal
+import socket
 import sys
 import time
 from dataclasses import replace
-from typing import Any, List
+from typing import Any, Dict, List
 
 import psutil
 
 from minisgl.distributed import DistributedInfo
 from minisgl.scheduler import Scheduler
-from minisgl.utils import init_logger
+from minisgl.utils import init_logger, pick_device
 from minisgl.utils.mp import ZmqPushQueue
 
 from .api_server import FrontendManager, SchedulerStats, app, create_frontend
@@ -64,13 +66,13 @@ class ServingScheduler(Scheduler):
             self._stats_queue.stop()
         super().shutdown()
 
-def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue) -> None:
+def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
     import torch
 
     with torch.inference_mode():
         scheduler = ServingScheduler(args)
         scheduler.sync_all_ranks()  # 所有 rank 都初始化完（包括 ZMQ 订阅）再开始
-        if args.tp_info.is_primary():
+        if ack_queue is not None and args.tp_info.is_primary():
             ack_queue.put("Scheduler is ready")
     if args.silent_output:
         logging.disable(logging.INFO)
@@ -80,8 +82,9 @@ def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue) -> None:
 class WorkerError(RuntimeError):
     """一个工作进程没能就绪（或者就绪前就退出了）。"""
 
-def start_backend(server_args: ServerArgs) -> List[mp.Process]:
-    """启动所有后端进程：每个 TP rank 一个调度器进程，一个 detokenizer，若干 tokenizer。等它们都就绪。"""
+def start_backend(server_args: ServerArgs, links: List[NodeLink] | None = None) -> List[mp.Process]:
+    """启动本节点的后端进程：本节点的每个 TP rank 一个调度器进程；节点 0 再加一个 detokenizer、若干 tokenizer，
+    并等它们都就绪（其他节点只有调度器，不等：rank 0 在节点 0 上，就绪由它报告）。links：其他节点，等的时候也看着。"""
     from minisgl.tokenizer import tokenize_worker
 
     ctx = mp.get_context("spawn")  # CUDA 不支持 fork 出来的子进程
@@ -94,9 +97,15 @@ def start_backend(server_args: ServerArgs) -> List[mp.Process]:
         p.start()
         procs.append(p)
 
-    for i in range(world_size):
-        start(f"minisgl-TP{i}-scheduler", _run_scheduler,
-              replace(server_args, tp_info=DistributedInfo(i, world_size)), ack_queue)
+    per_node = world_size // server_args.nnodes
+    for local in range(per_node):  # 节点 r 上是全局的 rank r*per_node .. (r+1)*per_node-1
+        rank = server_args.node_rank * per_node + local
+        start(f"minisgl-TP{rank}-scheduler", _run_scheduler,
+              replace(server_args, tp_info=DistributedInfo(rank, world_size),
+                      device=_local_device(server_args.device, local)),
+              ack_queue if server_args.node_rank == 0 else None)  # 函数返回后这个队列就没了：别的节点不传
+    if server_args.node_rank > 0:
+        return procs
     n = server_args.num_tokenizer
     common = dict(tokenizer_path=str(server_args.model_path), backend_addr=server_args.zmq_backend_addr,
                   frontend_addr=server_args.zmq_frontend_addr, local_bs=1, ack_queue=ack_queue)
@@ -117,9 +126,17 @@ def start_backend(server_args: ServerArgs) -> List[mp.Process]:
                 if p.exitcode is not None:
                     raise WorkerError(f"{p.name} exited with code {p.exitcode} before it was ready "
                                       f"(its error is in the log above)")
+            for link in links or []:
+                if link.recv(timeout=0) is None:
+                    raise WorkerError(f"node {link.node_rank} went away before it was ready (see its log)")
             if time.monotonic() > deadline:
                 raise WorkerError(f"the workers were not ready within {STARTUP_TIMEOUT:.0f} s")
     return procs
+
+def _local_device(name: str, local_rank: int) -> str:
+    """CUDA 上每台机器的 GPU 都从 0 编号：本节点第 local_rank 个 rank 用 cuda:local_rank（引擎默认按全局 rank 选）。"""
+    device = pick_device(name)
+    return f"cuda:{local_rank}" if device.type == "cuda" and device.index is None else name
 
 
 def ready_message(args: ServerArgs) -> str:
@@ -133,28 +150,30 @@ def ready_message(args: ServerArgs) -> str:
             f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hello!'}}], "
             f"max_tokens=32).choices[0].message.content)\"")
 
-async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], server: Any) -> None:
-    """打印就绪行；之后每半秒看一眼工作进程：有一个退出了，就让等着的请求收到 503，然后关掉服务。"""
+async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], links: List[NodeLink],
+                 server: Any) -> None:
+    """打印就绪行；之后每半秒看一眼工作进程和其他节点：有一个退出了，就让等着的请求收到 503，然后关掉服务。"""
     while not server.started:
         await asyncio.sleep(0.1)
     logger.info(ready_message(args))
     while True:
         await asyncio.sleep(0.5)
-        dead = [p for p in procs if p.exitcode is not None]
+        dead = [f"{p.name} exited with code {p.exitcode}" for p in procs if p.exitcode is not None]
+        dead += [f"node {link.node_rank} went away" for link in links if link.recv(timeout=0) is None]
         if dead:
-            reason = f"{dead[0].name} exited with code {dead[0].exitcode}"
+            reason = dead[0]
             logger.error(f"{reason}: failing all requests and shutting down")
             state.fail_all(reason)
             await asyncio.sleep(1.0)  # 让等着的请求先把 503 发出去
             server.should_exit = True
             return
 
-async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any]) -> int:
+async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], links: List[NodeLink]) -> int:
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
                                            log_level="warning", timeout_graceful_shutdown=2))
-    watch = asyncio.create_task(_watch(args, state, procs, server))
+    watch = asyncio.create_task(_watch(args, state, procs, links, server))
     await server.serve()
     watch.cancel()
     return 1 if state.dead is not None or not server.started else 0
@@ -178,15 +197,21 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
     """python -m minisgl 的入口：解析参数、绑定前端队列、拉起工作进程、起 HTTP 服务（或交互 shell）。返回退出码。"""
     args = parse_args(sys.argv[1:] if argv is None else argv, run_shell=run_shell)
     signal.signal(signal.SIGTERM, _interrupt)
+    if args.node_rank > 0:
+        return serve_node(args)  # 其他节点：只有本节点的调度器 rank，没有 API Server 和分词进程
     state = create_frontend(args)
+    links: List[NodeLink] = []
     try:
-        procs = start_backend(args)
+        links = accept_nodes(args) if args.nnodes > 1 else []
+        procs = start_backend(args, links)
+        for link in links:
+            link.send("ready")
         if args.shell:
             from minisgl.shell import run_shell as shell
 
             asyncio.run(shell(state))
             return 0
-        return asyncio.run(_serve(args, state, procs))
+        return asyncio.run(_serve(args, state, procs, links))
     except WorkerError as e:
         logger.error(str(e))
         return 1
@@ -194,5 +219,163 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
         logger.info("interrupted: shutting down")
         return 0
     finally:
+        for link in links:  # 先告诉其他节点退出，再收拾本机的工作进程
+            link.send("exit")
+            link.close()
         kill_workers()
         state.shutdown()
+
+
+class NodeLink:
+    """两台机器的启动器之间的一条 TCP 连接，一行一条消息（hello / go / ready / exit / error）。
+    连接断开就说明对面的启动器不在了：不需要心跳。"""
+
+    def __init__(self, sock: socket.socket, node_rank: int = 0) -> None:
+        self.sock, self.node_rank, self._buf = sock, node_rank, b""
+
+    def send(self, line: str) -> None:
+        try:
+            self.sock.settimeout(5.0)  # recv(timeout=0) 把 socket 设成了非阻塞：发送时换回有期限的阻塞
+            self.sock.sendall(line.encode() + b"\n")
+        except OSError:
+            pass  # 对面已经走了：它那边自己会发现
+
+    def recv(self, timeout: float) -> str | None:
+        """下一行；timeout 秒内没有完整的一行返回 ""；连接已断开返回 None。timeout=0：只看一眼，不等。"""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            self.sock.settimeout(max(deadline - time.monotonic(), 0.0))
+            try:
+                data = self.sock.recv(4096)
+            except (TimeoutError, BlockingIOError):
+                return ""
+            except OSError:
+                return None
+            if not data:
+                return None
+            self._buf += data
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def close(self) -> None:
+        self.sock.close()
+
+def _must_agree(args: ServerArgs) -> Dict[str, Any]:
+    """每个节点必须相同的设置：不同的话各 rank 排出的批不一样，集合通信对不上。"""
+    return {"--tp": args.tp_info.size, "--nnodes": args.nnodes, "--model": args.served_model_name,
+            "--dtype": args.dtype, "--page-size": args.page_size, "--num-pages": args.num_pages,
+            "--max-running-requests": args.max_running_req, "--max-seq-len-override": args.max_seq_len_override,
+            "--max-prefill-length": args.max_extend_tokens, "--cache": args.cache_type,
+            "--disable-overlap-scheduling": not args.enable_overlap}
+
+def accept_nodes(args: ServerArgs) -> List[NodeLink]:
+    """节点 0：在 PORT+1 上等另外 nnodes-1 个节点报到（最多 --dist-timeout 秒），核对设置，然后让它们开始。"""
+    host, port = args.dist_host_port
+    flag = f"--dist-init-addr {host}:{port}"
+    try:
+        for p in (port, port + 2):  # torch.distributed 和 PUB 的端口：先试一下绑不绑得上
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # 和 TCPStore、ZMQ 一样：不怕 TIME_WAIT
+                s.bind((host, p))
+        listener = socket.create_server((host, port + 1))
+    except OSError as e:
+        raise WorkerError(f"{flag}: node 0 cannot listen there ({e.strerror}); on node 0 it must be one of this "
+                          f"machine's addresses, with ports {port}..{port + 2} free") from None
+    links: Dict[int, NodeLink] = {}
+    deadline = time.monotonic() + args.dist_timeout
+    try:
+        with listener:
+            while len(links) < args.nnodes - 1:
+                listener.settimeout(max(deadline - time.monotonic(), 0.01))
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:
+                    missing = sorted(set(range(1, args.nnodes)) - set(links))
+                    raise WorkerError(f"{flag}: node(s) {missing} did not join within {args.dist_timeout:g} s "
+                                      f"(start them with the same --dist-init-addr and --nnodes {args.nnodes})") \
+                        from None
+                link = NodeLink(sock)
+                hello = link.recv(timeout=max(deadline - time.monotonic(), 1.0)) or ""
+                try:
+                    rank, theirs = json.loads(hello.removeprefix("minisgl "))
+                except (ValueError, TypeError):
+                    link.close()  # 不是我们的节点（端口扫描、连上又断了）：不理它
+                    continue
+                link.node_rank = rank
+                mine = _must_agree(args)
+                diff = [k for k in mine if mine[k] != theirs.get(k)]
+                error = (f"node {rank} was started with {diff[0]} {theirs.get(diff[0])}, node 0 with "
+                         f"{diff[0]} {mine[diff[0]]}: every node needs the same settings") if diff else \
+                    f"two nodes were started with --node-rank {rank}" if rank in links else None
+                if error:
+                    link.send(f"error {error}")
+                    link.close()
+                    raise WorkerError(f"{flag}: {error}")
+                links[rank] = link
+                logger.info(f"node {rank} joined ({len(links) + 1}/{args.nnodes})")
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
+    for link in links.values():
+        link.send("go")
+    return list(links.values())
+
+def join_node0(args: ServerArgs) -> NodeLink:
+    """节点 r > 0：连上节点 0 的 PORT+1（它可能还没起来：重试到 --dist-timeout），报到，等它说 go。"""
+    host, port = args.dist_host_port
+    flag = f"--dist-init-addr {host}:{port}"
+    deadline = time.monotonic() + args.dist_timeout
+    while True:
+        try:
+            sock = socket.create_connection((host, port + 1), timeout=max(deadline - time.monotonic(), 0.1))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"{flag}: node 0 did not answer within {args.dist_timeout:g} s (is it started "
+                                  f"with this --dist-init-addr, and is {host}:{port + 1} reachable from here?)") \
+                    from None
+            time.sleep(0.5)
+    link = NodeLink(sock)
+    link.send("minisgl " + json.dumps([args.node_rank, _must_agree(args)]))
+    reply = link.recv(timeout=args.dist_timeout)  # 节点 0 在等其他节点：最多它的 --dist-timeout
+    if reply == "go":
+        return link
+    link.close()
+    if reply is not None and reply.startswith("error "):
+        raise WorkerError(f"{flag}: node 0 refused this node: {reply[6:]}")
+    raise WorkerError(f"{flag}: node 0 did not start this node (" +
+                      ("it closed the connection; its log says why)" if reply is None else "no answer)"))
+
+def serve_node(args: ServerArgs) -> int:
+    """节点 r > 0 的启动器：报到，起本节点的调度器 rank，然后守着——直到节点 0 说 exit（退出码 0）、
+    节点 0 不在了或者本节点的一个 rank 退出（1）、或者收到 SIGTERM / Ctrl-C（0）。"""
+    link = None
+    try:
+        link = join_node0(args)
+        procs = start_backend(args)
+        logger.info(f"node {args.node_rank}: started {', '.join(p.name for p in procs)}")
+        while True:
+            line = link.recv(timeout=0.5)
+            if line == "ready":
+                logger.info(f"node {args.node_rank}: serving; the API server is on node 0")
+            elif line == "exit":
+                logger.info(f"node {args.node_rank}: node 0 is shutting down, so is this node")
+                return 0
+            elif line is None:
+                logger.error(f"node {args.node_rank}: node 0 went away: shutting down")
+                return 1
+            dead = [p for p in procs if p.exitcode is not None]
+            if dead:
+                logger.error(f"{dead[0].name} exited with code {dead[0].exitcode}: shutting down")
+                return 1
+    except WorkerError as e:
+        logger.error(str(e))
+        return 1
+    except KeyboardInterrupt:
+        logger.info("interrupted: shutting down")
+        return 0
+    finally:
+        if link is not None:
+            link.close()
+        kill_workers()
