@@ -4,11 +4,12 @@
     python tools/bench_router.py [--model PATH] [--requests 16] [--output-len 64]
                                  [--sessions 8] [--turns 4] [--context-words 150] [--answer-len 24]
 
-Starts two replicas once (tools/serve_dp.py), then puts a fresh router in front for each measurement:
+Starts the replicas with tools/serve_dp.py and a router (round_robin) in front of them:
 
 1. throughput: `--requests` concurrent requests (distinct short prompts, ignore_eos, `--output-len` tokens
-   each) through a router over replica 0 alone, then over both replicas (round_robin);
-2. prefix-cache hits on a multi-turn workload: `--sessions` conversations at once, each with its own background
+   each) through one replica using every CPU core, two replicas each using every core (twice as many threads
+   as cores), and two replicas with the cores split between them (OMP_NUM_THREADS);
+2. with the last two replicas, prefix-cache hits on a multi-turn workload: `--sessions` conversations at once, each with its own background
    text (about 1.3 tokens per word) as system prompt and `--turns` question/answer turns (each turn carries the
    whole history), through round_robin and then cache_aware. Every run uses newly generated texts, so what an
    earlier run left in the caches does not help. Hit rate = the replicas' `minisgl_cached_tokens_total` growth /
@@ -126,31 +127,37 @@ def main() -> int:
     flags = ["--num-pages", "8192", "--max-seq-len-override", "2048"] + (["--model", args.model] if args.model else [])
     print(f"machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}", flush=True)
     seed = int(time.time())
-    with serve_dp.fleet(2, flags, policy="round_robin") as (_, replicas):
-        urls = [r.url for r in replicas]
-        print(f"\nthroughput: {args.requests} concurrent requests, {args.output_len} output tokens each (ignore_eos)")
-        print(f"{'replicas':>8}  {'seconds':>7}  {'output tok/s':>12}")
-        for n in (1, 2):
-            with serve_dp.running_router(urls[:n], "round_robin") as router:
-                throughput(router.url, 2, 4, seed)  # 预热：第一次请求慢一些
-                seconds, tokens = throughput(router.url, args.requests, args.output_len, seed + n)
-            print(f"{n:>8}  {seconds:7.1f}  {tokens / seconds:12.1f}", flush=True)
-
-        print(f"\nmulti-turn: {args.sessions} conversations at once, {args.turns} turns each, "
-              f"a {args.context_words}-word system prompt per conversation, {args.answer_len}-token answers")
-        print(f"{'policy':>12}  {'requests/replica':>16}  {'prompt tokens':>13}  {'cached':>7}  {'hit rate':>8}  "
-              f"{'seconds':>7}")
-        for i, policy in enumerate(("round_robin", "cache_aware")):
-            with serve_dp.running_router(urls, policy) as router:
-                before = counters(urls)
-                seconds, requests, prompt = conversations(router.url, args.sessions, args.turns, args.context_words,
-                                                          args.answer_len, seed + 10 + i)
-                after = counters(urls)
-            served = [int(a[0] - b[0]) for a, b in zip(after, before)]
-            hits = sum(a[1] - b[1] for a, b in zip(after, before))
-            assert sum(served) == requests, (served, requests)
-            print(f"{policy:>12}  {' + '.join(map(str, served)):>16}  {prompt:>13}  {int(hits):>7}  "
-                  f"{hits / prompt:8.1%}  {seconds:7.1f}", flush=True)
+    cores = os.cpu_count() or 1
+    split = max(1, cores // 2)
+    # (副本数, 每个副本的线程数)：一个副本用满所有核；两个副本各用满所有核（线程数是核数的两倍）；两个副本平分核
+    configs = [(1, cores), (2, cores), (2, split)]
+    print(f"\nthroughput: {args.requests} concurrent requests, {args.output_len} output tokens each (ignore_eos), "
+          f"round_robin")
+    print(f"{'replicas':>8}  {'threads/replica':>15}  {'seconds':>7}  {'output tok/s':>12}", flush=True)
+    for n, threads in configs:
+        with serve_dp.fleet(n, flags, policy="round_robin", threads=threads) as (router, replicas):
+            throughput(router.url, 2 * n, 4, seed)  # 预热：每个副本的第一个请求慢一些
+            seconds, tokens = throughput(router.url, args.requests, args.output_len, seed + n)
+            print(f"{n:>8}  {threads:>15}  {seconds:7.1f}  {tokens / seconds:12.1f}", flush=True)
+            if (n, threads) != configs[-1]:
+                continue
+            urls = [r.url for r in replicas]
+            print(f"\nmulti-turn: {args.sessions} conversations at once, {args.turns} turns each, a "
+                  f"{args.context_words}-word system prompt per conversation, {args.answer_len}-token answers; "
+                  f"{n} replicas, {threads} thread(s) each")
+            print(f"{'policy':>12}  {'requests/replica':>16}  {'prompt tokens':>13}  {'cached':>7}  {'hit rate':>8}  "
+                  f"{'seconds':>7}", flush=True)
+            for i, policy in enumerate(("round_robin", "cache_aware")):
+                with serve_dp.running_router(urls, policy) as rt:
+                    before = counters(urls)
+                    seconds, requests, prompt = conversations(rt.url, args.sessions, args.turns,
+                                                              args.context_words, args.answer_len, seed + 10 + i)
+                    after = counters(urls)
+                served = [int(a[0] - b[0]) for a, b in zip(after, before)]
+                hits = sum(a[1] - b[1] for a, b in zip(after, before))
+                assert sum(served) == requests, (served, requests)
+                print(f"{policy:>12}  {' + '.join(map(str, served)):>16}  {prompt:>13}  {int(hits):>7}  "
+                      f"{hits / prompt:8.1%}  {seconds:7.1f}", flush=True)
     return 0
 
 

@@ -5,10 +5,10 @@
                                [--log-dir DIR] [minisgl flags ...]
 
 Starts N replicas on free loopback ports (every flag this script does not know goes to each of them, e.g.
-`--model`, `--num-pages`), waits for their /health, starts `python -m sglang_router.launch_router` in front
+`--model`, `--num-pages`; each gets OMP_NUM_THREADS = the CPU cores / N unless you set it), waits for their /health, starts `python -m sglang_router.launch_router` in front
 (`--worker-urls` the replicas, `--policy`), waits until the router has registered all N, and prints
 
-    replica 0: http://127.0.0.1:41231  (log: /tmp/.../replica0.log)
+    replica 0: http://127.0.0.1:41231  (OMP_NUM_THREADS=1; log: /tmp/.../replica0.log)
     ...
     router (cache_aware): http://127.0.0.1:30000
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence
 
 import httpx
 
@@ -63,11 +63,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawn(name: str, cmd: List[str], url: str, log: Path) -> Child:
+def _spawn(name: str, cmd: List[str], url: str, log: Path, env: Dict[str, str] | None = None) -> Child:
     out = log.open("w")
     try:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_die_with_parent, env=env)
     finally:
         out.close()  # 子进程有自己的一份
     return Child(name, proc, url, log)
@@ -99,15 +99,28 @@ def _wait(children: Sequence[Child], ready: Any, what: str, timeout: float) -> N
         time.sleep(0.3)
 
 
-def start_replicas(n: int, flags: Sequence[str], log_dir: Path, timeout: float = STARTUP_TIMEOUT) -> List[Child]:
-    """N 个 `python -m minisgl`，各自一个空闲端口；一起启动，等它们的 /health 都回 200。"""
+def default_threads(n: int) -> int | None:
+    """每个副本的 CPU 线程数：没设 OMP_NUM_THREADS 时把核平分给 N 个副本（None：沿用环境里的设置）。
+
+    PyTorch 的 CPU 算子默认每个进程开"核数"个线程；N 个副本各开这么多，线程数是核数的 N 倍，OpenMP 的线程
+    在每个并行区的末尾互相等待，被操作系统轮流挂起时整批一起变慢（附录里测得慢一个数量级）。"""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    return max(1, (os.cpu_count() or 1) // n)
+
+
+def start_replicas(n: int, flags: Sequence[str], log_dir: Path, threads: int | None = None,
+                   timeout: float = STARTUP_TIMEOUT) -> List[Child]:
+    """N 个 `python -m minisgl`，各自一个空闲端口（threads：每个副本的 OMP_NUM_THREADS）；一起启动，等它们的
+    /health 都回 200。"""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
     children: List[Child] = []
     try:
         for i in range(n):
             port = free_port()
             children.append(_spawn(f"replica {i}", [sys.executable, "-m", "minisgl", "--host", "127.0.0.1",
                                                     "--port", str(port), *flags],
-                                   f"http://127.0.0.1:{port}", log_dir / f"replica{i}.log"))
+                                   f"http://127.0.0.1:{port}", log_dir / f"replica{i}.log", env))
         _wait(children, lambda c: httpx.get(f"{c.url}/health", timeout=2).status_code == 200, "healthy", timeout)
     except BaseException:
         stop(children)
@@ -158,12 +171,12 @@ def stop(children: Sequence[Child], grace: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def fleet(n: int, flags: Sequence[str], policy: str = "cache_aware", log_dir: Path | None = None,
-          **router_kwargs: Any) -> Iterator[tuple[Child, List[Child]]]:
+          threads: int | None = None, **router_kwargs: Any) -> Iterator[tuple[Child, List[Child]]]:
     """with fleet(2, ["--model", m]) as (router, replicas): ... —— 结束时（包括出错）全部停掉。"""
     with contextlib.ExitStack() as stack:
         if log_dir is None:
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="minisgl-dp-")))
-        replicas = start_replicas(n, flags, log_dir)
+        replicas = start_replicas(n, flags, log_dir, threads)
         stack.callback(stop, replicas)
         router = start_router([r.url for r in replicas], policy, log_dir, **router_kwargs)
         stack.callback(stop, [router])
@@ -195,6 +208,9 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=30000, help="the router's port (SGLang's default)")
     ap.add_argument("--log-dir", type=Path, default=None, help="logs of the replicas and the router "
                                                                "(default: a new temporary folder)")
+    ap.add_argument("--threads-per-replica", type=int, default=None,
+                    help="OMP_NUM_THREADS of each replica (default: the CPU cores split between the replicas, "
+                         "unless OMP_NUM_THREADS is set)")
     args, flags = ap.parse_known_args(argv)
     if args.n < 1:
         ap.error(f"N={args.n} is invalid: it must be >= 1")
@@ -212,10 +228,12 @@ def main(argv: List[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     children: List[Child] = []
     try:
-        replicas = start_replicas(args.n, flags, log_dir)
+        threads = args.threads_per_replica or default_threads(args.n)
+        replicas = start_replicas(args.n, flags, log_dir, threads)
         children += replicas
+        shown = f"OMP_NUM_THREADS={threads or os.environ['OMP_NUM_THREADS']}"
         for i, r in enumerate(replicas):
-            print(f"replica {i}: {r.url}  (log: {r.log})", flush=True)
+            print(f"replica {i}: {r.url}  ({shown}; log: {r.log})", flush=True)
         router = start_router([r.url for r in replicas], args.policy, log_dir, host=args.host, port=args.port)
         children.append(router)
         print(f"router ({args.policy}): {router.url}  (log: {router.log})", flush=True)
