@@ -7,8 +7,9 @@
 Starts the replicas with tools/serve_dp.py and a router (round_robin) in front of them:
 
 1. throughput: `--requests` concurrent requests (distinct short prompts, ignore_eos, `--output-len` tokens
-   each) through one replica using every CPU core, two replicas each using every core (twice as many threads
-   as cores), and two replicas with the cores split between them (OMP_NUM_THREADS);
+   each) through one replica using every CPU core, one replica using half of them, two replicas each using
+   every core (twice as many threads as cores), and two replicas with the cores split between them
+   (OMP_NUM_THREADS, what serve_dp.py does);
 2. with the last two replicas, prefix-cache hits on a multi-turn workload: `--sessions` conversations at once, each with its own background
    text (about 1.3 tokens per word) as system prompt and `--turns` question/answer turns (each turn carries the
    whole history), through round_robin and then cache_aware. Every run uses newly generated texts, so what an
@@ -129,8 +130,9 @@ def main() -> int:
     seed = int(time.time())
     cores = os.cpu_count() or 1
     split = max(1, cores // 2)
-    # (副本数, 每个副本的线程数)：一个副本用满所有核；两个副本各用满所有核（线程数是核数的两倍）；两个副本平分核
-    configs = [(1, cores), (2, cores), (2, split)]
+    # (副本数, 每个副本的线程数)：一个副本用满所有核；一个副本只用一半的核（对照）；两个副本各用满所有核（线程数
+    # 是核数的两倍）；两个副本平分所有核（serve_dp.py 的默认做法）
+    configs = [(1, cores), (1, split), (2, cores), (2, split)]
     print(f"\nthroughput: {args.requests} concurrent requests, {args.output_len} output tokens each (ignore_eos), "
           f"round_robin")
     print(f"{'replicas':>8}  {'threads/replica':>15}  {'seconds':>7}  {'output tok/s':>12}", flush=True)
