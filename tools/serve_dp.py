@@ -103,7 +103,7 @@ def default_threads(n: int) -> int | None:
     """每个副本的 CPU 线程数：没设 OMP_NUM_THREADS 时把核平分给 N 个副本（None：沿用环境里的设置）。
 
     PyTorch 的 CPU 算子默认每个进程开"核数"个线程；N 个副本各开这么多，线程数是核数的 N 倍，OpenMP 的线程
-    在每个并行区的末尾互相等待，被操作系统轮流挂起时整批一起变慢（附录里测得慢一个数量级）。"""
+    在每个并行区的末尾互相等待，被操作系统轮流挂起时整批一起变慢（附录里测得慢好几倍）。"""
     if "OMP_NUM_THREADS" in os.environ:
         return None
     return max(1, (os.cpu_count() or 1) // n)
