@@ -65,13 +65,13 @@ class ServingScheduler(Scheduler):
             self._stats_queue.stop()
         super().shutdown()
 
-def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue) -> None:
+def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
     import torch
 
     with torch.inference_mode():
         scheduler = ServingScheduler(args)
         scheduler.sync_all_ranks()  # 所有 rank 都初始化完（包括 ZMQ 订阅）再开始
-        if args.tp_info.is_primary():
+        if ack_queue is not None and args.tp_info.is_primary():
             ack_queue.put("Scheduler is ready")
     if args.silent_output:
         logging.disable(logging.INFO)
