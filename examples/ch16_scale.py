@@ -1,7 +1,6 @@
 # Tangled from book/chapters/ch16_scale.ipynb — edit the notebook, not this file.
 """附录：两个 minisgl 副本躲在 SGLang 的路由器后面（tools/serve_dp.py），用 OpenAI 客户端访问。"""
 
-import os
 import re
 import signal
 import socket
