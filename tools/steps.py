@@ -28,6 +28,9 @@ Chapter trees: `.build/trees/chNN/` (ignored by git) holds minisgl/, examples/ a
 chapter N (the same text `tangle` would write after chapter N), a pytest.ini with the project's markers, and
 links to tools/, models/ and practice/. The notebook of chapter N works inside it (tools/booksetup.py), and
 `test` and `check` run there: a reader of chapter 3 runs chapter 3's code, not the final minisgl/.
+
+Notebook 16 (ch16_scale) is the appendix: numbered after chapter 15 so that its parts are tangled on top of
+chapter 15's tree (`tree 15` is unchanged); it gets a tree, tests and an example like a chapter.
 """
 from __future__ import annotations
 
