@@ -28,6 +28,9 @@ Chapter trees: `.build/trees/chNN/` (ignored by git) holds minisgl/, examples/ a
 chapter N (the same text `tangle` would write after chapter N), a pytest.ini with the project's markers, and
 links to tools/, models/ and practice/. The notebook of chapter N works inside it (tools/booksetup.py), and
 `test` and `check` run there: a reader of chapter 3 runs chapter 3's code, not the final minisgl/.
+
+Notebook 16 (ch16_scale) is the appendix: numbered after chapter 15 so that its parts are tangled on top of
+chapter 15's tree (`tree 15` is unchanged); it gets a tree, tests and an example like a chapter.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ GENERATED = ("minisgl", "examples", "tests")
 TREES = ROOT / ".build" / "trees"
 TREE_LINKS = ("tools", "models", "practice")  # 树里的相对路径（tools/steps.py、models/Qwen3-0.6B）照样能用
 _NAME = re.compile(r"^ch(\d\d)_[a-z0-9_]+\.ipynb$")
+LAST_CHAPTER = 15  # 之后的笔记本（ch16_scale）是附录：代码叠在第 15 章的树上，tree 15 不受影响
 
 
 @dataclass
@@ -341,7 +345,8 @@ def tree_lines(num: int) -> List[str]:
         elif before.body(f) != after.body(f):
             marks[f] = "修改"
     counts = {m: sum(1 for v in marks.values() if v == m) for m in ("本章新建", "修改", "提前引入")}
-    lines = [f"到这一章为止的文件：{len(files)} 个（新建 {counts['本章新建']}，修改 {counts['修改']}，"
+    where = "附录" if num > LAST_CHAPTER else "这一章"
+    lines = [f"到{where}为止的文件：{len(files)} 个（新建 {counts['本章新建']}，修改 {counts['修改']}，"
              f"提前引入 {counts['提前引入']}）"]
     lines.append("minisgl/")
 

@@ -1,11 +1,12 @@
-# Tangled from book/chapters/ch15_server.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch15_server.ipynb and ch16_scale.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List
 
 from fastapi import FastAPI, Request
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
+from minisgl import __version__
 from minisgl.core import SamplingParams
 from minisgl.message import AbortMsg, BaseFrontendMsg, BaseTokenizerMsg, BatchFrontendMsg, TokenizeMsg, UserReply
 from minisgl.utils import init_logger
@@ -392,13 +394,14 @@ async def metrics():
 
 @dataclass
 class SchedulerStats(BaseFrontendMsg):
-    """调度器 rank 0 → API Server（本章加的消息）：/metrics 里只有调度器知道的数。"""
+    """调度器 rank 0 → API Server（第 15 章加的消息）：/metrics 里只有调度器知道的数。"""
 
     running: int  # 占着请求槽的请求（prefill 中或 decode 中）
     waiting: int  # 还在排队
     pages_used: int  # 运行中的请求占着的 KV 页
     pages_cached: int  # 前缀缓存里、眼下没有请求在用的页（需要时可以淘汰）
     pages_free: int
+    cached_tokens: int  # 附录：前缀缓存累计命中的提示词 token（这些位置不用重新 prefill）
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # 秒
 
@@ -406,12 +409,18 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # �
 class Metrics:
     """/metrics 的数：调度器最近一次推来的 SchedulerStats，加上 API Server 自己数的 token 和延迟。"""
 
-    stats: SchedulerStats = field(default_factory=lambda: SchedulerStats(0, 0, 0, 0, 0))
+    stats: SchedulerStats = field(default_factory=lambda: SchedulerStats(0, 0, 0, 0, 0, 0))
     finished: Dict[str, int] = field(default_factory=dict)  # finish_reason → 请求数
     prompt_tokens: int = 0
     generation_tokens: int = 0
     latency_buckets: List[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))  # 累计：<= 上界的个数
     latency_sum: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        """收到过调度器的统计了吗：KV 池至少有一页，真实的统计里三类页之和总是正的。"""
+        s = self.stats
+        return s.pages_used + s.pages_cached + s.pages_free > 0
 
     def observe(self, reply: UserReply, seconds: float) -> None:
         reason = reply.finish_reason or "stop"
@@ -437,6 +446,8 @@ class Metrics:
             metric(name, "gauge", doc, [f"minisgl_{name} {value}"])
         metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests",
                [f"minisgl_prompt_tokens_total {self.prompt_tokens}"])
+        metric("cached_tokens_total", "counter", "Prompt tokens found in the prefix cache (not prefilled again)",
+               [f"minisgl_cached_tokens_total {s.cached_tokens}"])
         metric("generation_tokens_total", "counter", "Generated tokens of finished requests",
                [f"minisgl_generation_tokens_total {self.generation_tokens}"])
         metric("requests_finished_total", "counter", "Finished requests by finish reason",
@@ -449,3 +460,52 @@ class Metrics:
                   f"minisgl_request_latency_seconds_sum {self.latency_sum:.6f}",
                   f"minisgl_request_latency_seconds_count {count}"])
         return "\n".join(out) + "\n"
+
+
+def _hf_config(model_path: str | Path) -> Dict[str, Any]:
+    """模型目录里的 config.json（读不到就是空的）：model_type 和 architectures 从这里来。"""
+    try:
+        return json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+@app.get("/get_model_info")
+async def get_model_info():
+    """SGLang 的同名接口：这个 worker 服务哪个模型。sglang-router 登记 worker 时来问。"""
+    config = get_state().config
+    hf = _hf_config(config.model_path)
+    return {"model_path": str(config.model_path), "tokenizer_path": str(config.model_path),
+            "served_model_name": config.served_model_name, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default",
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": hf.get("model_type"), "architectures": hf.get("architectures")}
+
+_NOT_SHOWN = ("api_key", "zmq_", "tp_info")  # 密钥不往外说；ZMQ 地址只在本机进程之间有意义；tp_info 换成 tp_size
+
+@app.get("/get_server_info")
+async def get_server_info():
+    """SGLang 的同名接口：启动参数（外加 SGLang 对同样东西的叫法）、调度器的实时统计、版本。"""
+    state = get_state()
+    state.start()
+    for _ in range(40):  # 服务刚起来、调度器的第一条统计还没到：最多等 2 秒，不拿全 0 充数
+        if state.metrics.ready:
+            break
+        await asyncio.sleep(0.05)
+    config, m = state.config, state.metrics
+    s = m.stats
+    info: Dict[str, Any] = {}
+    for f in fields(config):
+        if not f.name.startswith(_NOT_SHOWN):
+            value = getattr(config, f.name)
+            info[f.name] = value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+    info.update(tp_size=config.tp_info.size, dp_size=1, host=config.server_host, port=config.server_port,
+                tokenizer_path=str(config.model_path), served_model_name=config.served_model_name,
+                max_running_requests=config.max_running_req, max_prefill_tokens=config.max_extend_tokens,
+                disable_radix_cache=config.cache_type != "radix",
+                max_total_num_tokens=(s.pages_used + s.pages_cached + s.pages_free) * config.page_size)
+    info["internal_states"] = [{"num_running_reqs": s.running, "num_waiting_reqs": s.waiting,
+                                "kv_pages_used": s.pages_used, "kv_pages_cached": s.pages_cached,
+                                "kv_pages_free": s.pages_free, "cached_tokens": s.cached_tokens,
+                                "prompt_tokens": m.prompt_tokens, "generation_tokens": m.generation_tokens}]
+    info["version"] = __version__
+    return info

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch15_server.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch15_server.ipynb and ch16_scale.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import asyncio
@@ -45,7 +45,8 @@ class ServingScheduler(Scheduler):
         c = self.cache
         free, cached = len(c.free_pages), c.prefix_cache.size_info.total_size // c.page_size
         return SchedulerStats(running=len(self.running), waiting=len(self.prefill.pending),
-                              pages_used=c.num_pages - free - cached, pages_cached=cached, pages_free=free)
+                              pages_used=c.num_pages - free - cached, pages_cached=cached, pages_free=free,
+                              cached_tokens=c.hit_tokens)
 
     def push_stats(self) -> None:
         if self._stats_queue is None:
