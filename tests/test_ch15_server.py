@@ -19,7 +19,8 @@ import psutil
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-SERVER_FLAGS = ["--num-pages", "2048", "--max-seq-len-override", "256"]
+# float32 + torch 注意力：CPU 上就是默认值；在 GPU 机器上跑这些测试时，贪心结果才能和 transformers 逐 token 比较
+SERVER_FLAGS = ["--num-pages", "2048", "--max-seq-len-override", "256", "--dtype", "float32", "--attn", "torch"]
 RUNNING: Dict[int, subprocess.Popen] = {}  # 端口 → 服务进程：最后几个测试给服务发信号、杀它的工作进程
 
 def free_port() -> int:

@@ -6,6 +6,9 @@
                                             toc, `jupyter-book build . -W --keep-going` -> _build/html/,
                                             then the browser exercises -> _build/html/practice/
                                             (tested in headless Chromium: node tools/test_practice_web.mjs _build/html)
+    python tools/book.py page [PATH]        execute a page that is not a chapter (default book/performance.ipynb:
+                                            it only reads the chapters' stored GPU outputs and book/data/h200/)
+                                            and store its outputs
     python tools/book.py nbval [chNN ...]   the chapter notebooks under pytest --nbval (what CI runs): every cell
                                             runs and its output must equal the stored one after
                                             book/nbval_sanitize.cfg (cells tagged nbval-ignore-output excepted)
@@ -45,6 +48,9 @@ PHASES = [  # (第一章, 最后一章, 目录里的分组标题)
 ]
 
 
+PAGES_AFTER = {"附录": ["book/performance"]}  # 不是章节的页面：性能（各章 GPU 单元格的输出汇总），放在附录的章节之后
+
+
 def chapters() -> List[Path]:
     return chapter_paths()
 
@@ -67,6 +73,7 @@ def toc_text() -> str:
             continue
         lines += [f"  - caption: {caption}", "    chapters:"]
         lines += [f"      - file: {p.relative_to(ROOT).with_suffix('').as_posix()}" for p in here]
+        lines += [f"      - file: {page}" for page in PAGES_AFTER.get(caption, [])]
     extra = [p.name for p in nbs if not any(a <= int(p.name[2:4]) <= b for a, b, _ in PHASES)]
     if extra:
         raise SystemExit(f"chapters outside 1..{PHASES[-1][1]}: {extra}")
@@ -142,6 +149,17 @@ def cmd_nbval(names: List[int]) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def cmd_page(path: Path) -> int:
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    nbformat.write(nb, path)
+    print(f"executed {path.relative_to(ROOT)}")
+    return 0
+
+
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="book.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -152,7 +170,11 @@ def main(argv: List[str] | None = None) -> int:
     b.add_argument("--no-practice", action="store_true", help="skip _build/html/practice (browser exercises)")
     n = sub.add_parser("nbval", help="pytest --nbval (strict, sanitized) on the chapter notebooks")
     n.add_argument("names", type=chapter_arg, nargs="*", help="chapters: 5, ch05 or ch05_slug (default: all)")
+    pg = sub.add_parser("page", help="execute a page that is not a chapter and store its outputs")
+    pg.add_argument("path", type=Path, nargs="?", default=ROOT / "book" / "performance.ipynb")
     args = ap.parse_args(argv)
+    if args.cmd == "page":
+        return cmd_page(args.path)
     if args.cmd == "toc":
         return cmd_toc(args.check)
     if args.cmd == "build":

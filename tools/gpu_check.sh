@@ -40,6 +40,8 @@ fi
 if [ "${SKIP_CELLS:-0}" != 1 ]; then
   run gpu_cells python3 tools/steps.py execute --gpu-only
   for nb in $(grep -l '"gpu"' book/chapters/*.ipynb); do cp "$nb" "$OUT/notebooks/"; done
+  mkdir -p "$OUT/data" && cp book/data/*.json "$OUT/data/"  # ch11's GPU cell rewrites its timeline data
+  # back here: python tools/nb_take_outputs.py $OUT/notebooks/chNN_*.ipynb; cp $OUT/data/*.json book/data/
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   if has decode; then
@@ -58,8 +60,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       --json "$OUT/bench_offline_unfused.json"
   fi
   if has peer && [ -d .peer/python/minisgl ]; then
-    run bench_peer python3 tools/bench_peer.py --subset 64 --profile --json "$OUT/bench_peer.json"
-    run bench_peer_no_overlap python3 tools/bench_peer.py --overlap off --json "$OUT/bench_peer_no_overlap.json"
+    run bench_peer python3 tools/bench_peer.py --subset 64 --profile --json "$OUT/offline_upstream.json"
+    run bench_peer_no_overlap python3 tools/bench_peer.py --overlap off --json "$OUT/offline_upstream_no_overlap.json"
   fi
   if has serving; then
     model=/tmp/minisgl-qwen3-0.6b
