@@ -176,7 +176,7 @@ class Scheduler(SchedulerIOMixin):
         sp = req.sampling_params
         if (not sp.ignore_eos and token in self.eos_ids) or token in sp.stop_token_ids:
             return "stop"
-        if len(req.input_ids) >= req.max_device_len:  # 数 CPU 上已有的 token：重叠时 device_len 已经走到下一步了
+        if req.host_len >= req.max_device_len:  # 数 CPU 上已有的 token：重叠时 device_len 已经走到下一步了
             return "length"
         return None
 
