@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import psutil
 
@@ -194,6 +194,18 @@ def kill_workers() -> None:
     for c in alive:
         c.kill()
 
+def exit_code(run: Callable[[], int]) -> int:
+    """启动器的退出码（两种节点共用）：run 的返回值；WorkerError 记一行错误、返回 1；Ctrl-C / SIGTERM 返回 0。"""
+    try:
+        return run()
+    except WorkerError as e:
+        logger.error(str(e))
+        return 1
+    except KeyboardInterrupt:
+        logger.info("interrupted: shutting down")
+        return 0
+
+
 def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int:
     """python -m minisgl 的入口：解析参数、绑定前端队列、拉起工作进程、起 HTTP 服务（或交互 shell）。返回退出码。"""
     args = parse_args(sys.argv[1:] if argv is None else argv, run_shell=run_shell)
@@ -202,8 +214,9 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
         return serve_node(args)  # 其他节点：只有本节点的调度器 rank，没有 API Server 和分词进程
     state = create_frontend(args)
     links: List[NodeLink] = []
-    try:
-        links = accept_nodes(args) if args.nnodes > 1 else []
+
+    def run() -> int:
+        links.extend(accept_nodes(args) if args.nnodes > 1 else [])
         procs = start_backend(args, links)
         for link in links:
             link.send("ready")
@@ -213,12 +226,9 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
             asyncio.run(shell(state))
             return 0
         return asyncio.run(_serve(args, state, procs, links))
-    except WorkerError as e:
-        logger.error(str(e))
-        return 1
-    except KeyboardInterrupt:
-        logger.info("interrupted: shutting down")
-        return 0
+
+    try:
+        return exit_code(run)
     finally:
         for link in links:  # 先告诉其他节点退出，再收拾本机的工作进程
             link.send("exit")
@@ -351,13 +361,14 @@ def join_node0(args: ServerArgs) -> NodeLink:
 def serve_node(args: ServerArgs) -> int:
     """节点 r > 0 的启动器：报到，起本节点的调度器 rank，然后守着——直到节点 0 说 exit（退出码 0）、
     节点 0 不在了或者本节点的一个 rank 退出（1）、或者收到 SIGTERM / Ctrl-C（0）。"""
-    link = None
-    try:
-        link = join_node0(args)
+    links: List[NodeLink] = []  # 报到成功后的那一条连接
+
+    def run() -> int:
+        links.append(join_node0(args))
         procs = start_backend(args)
         logger.info(f"node {args.node_rank}: started {', '.join(p.name for p in procs)}")
         while True:
-            line = link.recv(timeout=0.5)
+            line = links[0].recv(timeout=0.5)
             if line == "ready":
                 logger.info(f"node {args.node_rank}: serving; the API server is on node 0")
             elif line == "exit":
@@ -370,13 +381,10 @@ def serve_node(args: ServerArgs) -> int:
             if dead:
                 logger.error(f"{dead[0].name} exited with code {dead[0].exitcode}: shutting down")
                 return 1
-    except WorkerError as e:
-        logger.error(str(e))
-        return 1
-    except KeyboardInterrupt:
-        logger.info("interrupted: shutting down")
-        return 0
+
+    try:
+        return exit_code(run)
     finally:
-        if link is not None:
+        for link in links:
             link.close()
         kill_workers()
