@@ -121,6 +121,22 @@ def test_client_disconnect_aborts_request(server):
     assert "Aborting request" in log_path.read_text()
 
 
+def test_non_streamed_disconnect_aborts_request(server):
+    """非流式请求的客户端超时断开：服务端也中止它（日志里多一条 Aborting），请求槽回来，之后照常。"""
+    port, log_path = server
+    before = log_path.read_text().count("Aborting request")
+    with pytest.raises(httpx.ReadTimeout):  # 200 个 token 要生成好一会儿，客户端 0.3 秒就不等了
+        httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=0.3,
+                   json={"model": "m", "prompt": "Tell me a long story.", "max_tokens": 200, "ignore_eos": True})
+    deadline = time.time() + 30
+    while log_path.read_text().count("Aborting request") == before or metrics(port)["minisgl_num_running_requests"]:
+        assert time.time() < deadline, "the non-streamed request was not aborted after its client went away"
+        time.sleep(0.2)
+    resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                      json={"model": "m", "prompt": "1 + 1 =", "max_tokens": 4}, timeout=60)
+    assert resp.status_code == 200
+
+
 def test_stream_and_concurrent(server) -> None:
     """补全和对话、流式和非流式给出同样的文字和 usage；32 个并发的流与各自单独发的结果相同。"""
     port, _ = server

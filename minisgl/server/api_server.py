@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List
+from typing import Any, AsyncIterator, Dict, List, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -166,6 +166,29 @@ class FrontendManager:
             asyncio.create_task(self.abort_user(uid))
             raise
 
+    async def collect_with_cancellation(self, uid: int, request: Request) -> Tuple[str, UserReply]:
+        """非流式：收集全部回复（文字，最后一条回复）；其间每 0.1 秒看一次客户端还在不在，断开了就中止。"""
+        async def collect() -> Tuple[str, UserReply]:
+            content, last = "", None
+            async for ack in self.wait_for_ack(uid):
+                content += ack.incremental_output
+                last = ack
+            assert last is not None and last.finished
+            return content, last
+
+        task = asyncio.create_task(collect())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.1)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    raise asyncio.CancelledError
+        except asyncio.CancelledError:
+            task.cancel()
+            asyncio.create_task(self.abort_user(uid))
+            raise
+
     async def abort_user(self, uid: int) -> None:
         await asyncio.sleep(0.1)
         self._forget(uid)
@@ -297,15 +320,27 @@ async def _validation_error(request: Request, e: RequestValidationError) -> JSON
 async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
     return APIError(e.status_code, str(e.detail), type="invalid_request_error").response()
 
-@app.middleware("http")
-async def _check_api_key(request: Request, call_next: Any) -> Any:
-    key = get_state().config.api_key
-    if key and request.url.path not in ("/health", "/metrics"):
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            return APIError(401, "invalid or missing API key (send the header Authorization: Bearer <key>)",
-                            type="authentication_error", code="invalid_api_key").response()
-    return await call_next(request)
+class _CheckApiKey:
+    """--api-key：除 /health、/metrics 外都要带 Authorization: Bearer <key>。
+
+    纯 ASGI 中间件，原样转交 receive：Starlette 的 @app.middleware("http")（BaseHTTPMiddleware）会包一层
+    receive，请求处理里的 request.is_disconnected() 就再也看不到客户端断开了。
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        key = get_state().config.api_key if scope["type"] == "http" else None
+        if key and scope["path"] not in ("/health", "/metrics"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+                response = APIError(401, "invalid or missing API key (send the header Authorization: Bearer <key>)",
+                                    type="authentication_error", code="invalid_api_key").response()
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+app.add_middleware(_CheckApiKey)
 
 
 @app.post("/v1/chat/completions")
@@ -335,11 +370,7 @@ async def _complete(req: OpenAICompletionRequest, request: Request, text: str | 
         gen = state.stream_chat_completions(uid, req.model, include_usage, chat=chat)
         return StreamingResponse(state.stream_with_cancellation(gen, request, uid),
                                  media_type="text/event-stream")
-    content, last = "", None
-    async for ack in state.wait_for_ack(uid):
-        content += ack.incremental_output
-        last = ack
-    assert last is not None and last.finished
+    content, last = await state.collect_with_cancellation(uid, request)
     if last.finish_reason == "error":
         raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
     choice: Dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
