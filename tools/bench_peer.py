@@ -25,6 +25,8 @@ from bench_offline import print_rows, profile_run, timed, workload  # noqa: E402
 
 
 def model_dir(folder: Path, config: Path) -> Path:
+    """config.json + Qwen3's tokenizer. (Not minisgl.utils.hf.qwen3_tokenizer_dir: importing our `minisgl` here
+    would shadow upstream's package of the same name in this process.)"""
     if not (folder / "config.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(config, folder / "config.json")
