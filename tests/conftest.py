@@ -152,3 +152,39 @@ def check_batched(path, prompts, params, ref, page_size: int = 1, **config) -> N
         assert len(llm.cache.free_pages) == llm.cache.num_pages, "flushing the cache frees every page"
     finally:
         llm.shutdown()
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """reference(path)：mixed_workload() 的每个请求在这个模型上单独跑出的 token（参照答案，每个模型只算一次）。"""
+    cache = {}
+
+    def get(path):
+        if path not in cache:
+            cache[path] = generate_alone(path, *mixed_workload())
+        return cache[path]
+
+    return get
+
+
+def collecting_scheduler(config):
+    """一个收下所有回复的调度器：.replies 是全部回复，.finished() 是 uid → 结束原因（同一个请求结束两次就失败）。"""
+    from minisgl.scheduler import Scheduler
+
+    class Collect(Scheduler):
+        def __init__(self) -> None:
+            super().__init__(config)
+            self.replies = []
+
+        def send_result(self, replies) -> None:
+            self.replies.extend(replies)
+
+        def finished(self) -> dict:
+            done = {}
+            for r in self.replies:
+                if r.finished:
+                    assert r.uid not in done, f"request {r.uid} finished twice"
+                    done[r.uid] = r.finish_reason
+            return done
+
+    return Collect()

@@ -1,56 +1,23 @@
 # Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
 """第 9 章：一起提交的请求与单独运行逐 token 相同；资源全部回来；接纳不超额；过长的请求被拒绝；中止不泄漏。"""
-from typing import List
-
 import pytest
 import torch
 
-from conftest import check_batched, generate_alone, mixed_workload
+from conftest import check_batched, collecting_scheduler, mixed_workload
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from minisgl.message import AbortBackendMsg, BatchBackendMsg, DetokenizeMsg, UserMsg
-from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.message import AbortBackendMsg, BatchBackendMsg, UserMsg
+from minisgl.scheduler import SchedulerConfig
 
 WORKLOAD = mixed_workload()
-
-
-@pytest.fixture(scope="module")
-def reference(request):
-    cache = {}
-
-    def get(fixture: str):
-        if fixture not in cache:
-            cache[fixture] = generate_alone(request.getfixturevalue(fixture), *WORKLOAD)
-        return cache[fixture]
-
-    return get
 
 
 @pytest.mark.parametrize("fixture,cache_type,page_size", [
     ("tiny_qwen3", "radix", 1), ("tiny_qwen3", "radix", 16), ("tiny_qwen3", "naive", 1), ("tiny_qwen3", "naive", 16),
     ("smollm2", "radix", 16)])  # 第 11 章在两个模型上跑全部组合
 def test_batched_equals_alone(fixture: str, cache_type: str, page_size: int, reference, request) -> None:
-    check_batched(request.getfixturevalue(fixture), *WORKLOAD, reference(fixture), page_size=page_size,
-                  cache_type=cache_type)
-
-
-class Collect(Scheduler):
-    """收下所有回复的调度器。"""
-
-    def __init__(self, config: SchedulerConfig) -> None:
-        super().__init__(config)
-        self.replies: List[DetokenizeMsg] = []
-
-    def send_result(self, replies: List[DetokenizeMsg]) -> None:
-        self.replies.extend(replies)
-
-    def finished(self) -> dict:
-        done = {}
-        for r in self.replies:
-            if r.finished:
-                assert r.uid not in done, f"request {r.uid} finished twice"
-                done[r.uid] = r.finish_reason
-        return done
+    path = request.getfixturevalue(fixture)
+    check_batched(path, *WORKLOAD, reference(path), page_size=page_size, cache_type=cache_type)
 
 
 def user(uid: int, n: int, max_tokens: int) -> UserMsg:
@@ -60,7 +27,7 @@ def user(uid: int, n: int, max_tokens: int) -> UserMsg:
 
 def test_admission_never_overcommits(tiny_qwen3) -> None:
     """池子只有 40 页（页大小 4）：每个请求一生要 ⌈(20+60)/4⌉ = 20 页，同时最多两个。"""
-    s = Collect(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=40, max_running_req=8,
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=40, max_running_req=8,
                                 max_seq_len_override=128))
     s.receive_msg(BatchBackendMsg([user(i, 20, 60) for i in range(5)]))
     with torch.inference_mode():
@@ -73,7 +40,7 @@ def test_admission_never_overcommits(tiny_qwen3) -> None:
 
 
 def test_aborts_leak_nothing(tiny_qwen3) -> None:
-    s = Collect(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=2,
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=2,
                                 max_seq_len_override=128))
     s.receive_msg(BatchBackendMsg([user(i, 10, 20) for i in range(4)]))
     with torch.inference_mode():
@@ -99,7 +66,7 @@ def test_requests_that_cannot_fit_are_refused(tiny_qwen3) -> None:
         llm.generate([list(range(200))])
     out = llm.generate([list(range(100, 200))], SamplingParams(max_tokens=100, ignore_eos=True), use_tqdm=False)
     assert out[0]["finish_reason"] == "length" and len(out[0]["token_ids"]) == 128 - 100  # 截到装得下的长度
-    s = Collect(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=32, max_seq_len_override=128))
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=32, max_seq_len_override=128))
     s.receive_msg(user(7, 130, 4))  # 服务路径：立刻以 abort 结束，不会挂在队列里
     assert s.finished() == {7: "abort"} and not s.step()
     with pytest.raises(ValueError, match="--num-pages 8 holds 8 pages"):

@@ -1,37 +1,25 @@
 # Tangled from book/chapters/ch11_overlap.ipynb — edit the notebook, not this file.
 """第 11 章：所有调度组合下结果与单独运行相同；五种状态下的中止不泄漏、不重复释放。"""
 import itertools
-from typing import List
 
 import pytest
 import torch
 
-from conftest import check_batched, generate_alone, mixed_workload
+from conftest import check_batched, collecting_scheduler, generate_alone, mixed_workload
 from minisgl.core import SamplingParams
-from minisgl.message import DetokenizeMsg, UserMsg
-from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.message import UserMsg
+from minisgl.scheduler import SchedulerConfig
 
 WORKLOAD = mixed_workload()
 COMBOS = list(itertools.product(["radix", "naive"], [1, 16], [16, 8192], [False, True]))
 
 
-@pytest.fixture(scope="module")
-def reference(request):
-    cache = {}
-
-    def get(fixture: str):
-        if fixture not in cache:
-            cache[fixture] = generate_alone(request.getfixturevalue(fixture), *WORKLOAD)
-        return cache[fixture]
-
-    return get
-
-
 @pytest.mark.parametrize("cache_type,page_size,budget,overlap", COMBOS)
 @pytest.mark.parametrize("fixture", ["tiny_qwen3", "smollm2"])
 def test_every_combination_equals_alone(fixture, cache_type, page_size, budget, overlap, reference, request) -> None:
-    check_batched(request.getfixturevalue(fixture), *WORKLOAD, reference(fixture), page_size=page_size,
-                  cache_type=cache_type, max_extend_tokens=budget, enable_overlap=overlap)
+    path = request.getfixturevalue(fixture)
+    check_batched(path, *WORKLOAD, reference(path), page_size=page_size, cache_type=cache_type,
+                  max_extend_tokens=budget, enable_overlap=overlap)
 
 
 @pytest.mark.gpu
@@ -43,18 +31,9 @@ def test_gpu_overlap_on_and_off_equal_alone(tiny_qwen3_hd128) -> None:
                       **gpu)
 
 
-class Collect(Scheduler):
-    def __init__(self, config: SchedulerConfig) -> None:
-        super().__init__(config)
-        self.replies: List[DetokenizeMsg] = []
-
-    def send_result(self, replies: List[DetokenizeMsg]) -> None:
-        self.replies.extend(replies)
-
-
 @pytest.mark.parametrize("overlap", [True, False])
 def test_abort_in_every_state(tiny_qwen3, overlap: bool) -> None:
-    s = Collect(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=512, max_running_req=8,
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=512, max_running_req=8,
                                 max_seq_len_override=256, max_extend_tokens=16, enable_overlap=overlap))
 
     def user(uid: int, n: int, m: int) -> None:
