@@ -15,6 +15,7 @@ and small: the numbers move from run to run, the comparison within one run is wh
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import sys
@@ -78,11 +79,18 @@ class TimedLLM(LLM):
 
 
 # where to run: set by main() (--gpu: a random Qwen3-0.6B checkpoint on cuda)
-RUN = {"model": None, "device": "cpu", "label": "SmolLM2-135M, CPU", "gpu": False}
+RUN = {"model": None, "device": "cpu", "label": "SmolLM2-135M, CPU", "gpu": False, "overlap": None}
 
 
 def make_llm(**kw) -> TimedLLM:
+    """A fresh engine. The previous one must be shut down and unreferenced: its KV pool (most of the GPU's
+    memory at the default --memory-ratio) is freed here, before the new engine sizes its pool."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     kw.setdefault("cpu_kv_memory_mb", 1024)
+    if RUN["overlap"] is not None:  # --overlap on|off; default: the engine's (on, where the tree has it)
+        kw["enable_overlap"] = RUN["overlap"]
     llm = TimedLLM(RUN["model"], device=RUN["device"], **kw)
     llm.generate(["Warm up: the quick brown fox"], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
@@ -218,9 +226,10 @@ def cmd_chunked(args) -> None:
         rows.append((budget, pct(gaps, 0.5), pct(gaps, 0.95), max(gaps), statistics.mean(ttft),
                      max(llm.step_secs), llm.steps["prefill"]))
         llm.shutdown()
+        del llm  # make_llm frees its memory before the next engine sizes its KV pool
     print(f"\nchunked prefill: {n_dec} requests decoding {dec_out} tokens each; every {every} steps a "
           f"{long_len}-token prompt arrives ({n_long} in all); gaps between consecutive tokens of the decoding "
-          f"requests; {RUN['label']}, overlap {'on' if overlap else 'off (this tree has none)'}")
+          f"requests; {RUN['label']}, overlap {'on' if overlap else 'off'}")
     print(f"{'max_extend_tokens':>17} {'gap p50 ms':>10} {'gap p95 ms':>10} {'gap max ms':>10} "
           f"{'long TTFT ms':>12} {'longest step ms':>15} {'prefill steps':>13}")
     for b, p50, p95, mx, tt, ls, ps in rows:
@@ -276,6 +285,8 @@ def main() -> None:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--quick", action="store_true", help="smaller sizes")
         p.add_argument("--gpu", action="store_true", help="cuda, random weights in the Qwen3-0.6B config, larger sizes")
+        p.add_argument("--overlap", choices=["on", "off"], default=None,
+                       help="overlap scheduling (chapter 11) on or off; default: the engine's default")
         p.add_argument("--threads", type=int, default=1,
                        help="torch CPU threads (default 1: on a shared, oversubscribed machine OpenMP's spinning "
                             "barriers make 2 threads on 2 busy cores ~10x slower than 1)")
@@ -283,6 +294,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    RUN["overlap"] = None if args.overlap is None else args.overlap == "on"
     if args.gpu:
         import shutil
         sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -11,6 +11,11 @@ to the first streamed chunk), TPOT (time per output token after the first), end-
 output-token / request throughput. On a CPU (or with --hf-baseline) the same prompts are then generated with
 transformers in this process, one request at a time (greedy `generate`, same output length): what serving with
 a plain loop over requests gives. The ratio is minisgl's output throughput over that one.
+
+Where the time goes: the CPU seconds each process spent during the measured run — this client, and, when the
+server was started here, each process of its group (API server, scheduler, detokenizer, tokenizers, named by
+launch.py's start order; Linux /proc) — as a share of the wall time. A process near 100% of one core is the
+bottleneck of the pipeline, whatever the GPU could do.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex every jolly "
          "merchant selling fresh bread in the old market near river bank").split()
@@ -127,6 +132,36 @@ def hf_baseline(model: str, prompts: List[str], output_len: int) -> Tuple[List[f
     return lat, time.perf_counter() - t0
 
 
+def group_cpu(pgid: int) -> Dict[int, Tuple[str, float, int]]:
+    """pid -> (command line, user+system CPU seconds, start tick) of every live process in process group pgid."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            continue
+        f = stat[stat.rindex(")") + 2:].split()  # fields 3.. of proc(5): state ppid pgrp ... utime(14) stime(15)
+        if int(f[2]) == pgid:
+            out[int(pid)] = (cmd, (int(f[11]) + int(f[12])) / tick, int(f[19]))
+    return out
+
+
+def server_roles(pgid: int, procs: Dict[int, Tuple[str, float, int]], server_args: str) -> Dict[int, str]:
+    """Names for the server's processes: the main one is the API server; the spawned workers start in
+    launch.py's order (schedulers, detokenizer, tokenizers) — named so only for the default single-GPU layout."""
+    roles = {pgid: "API server (main)"}
+    workers = sorted((start, pid) for pid, (cmd, _, start) in procs.items() if "spawn_main" in cmd)
+    names = [f"worker {i + 1}" for i in range(len(workers))]
+    if "--tp" not in server_args and len(workers) >= 2:
+        names = ["scheduler"] + ["detokenizer"] + [f"tokenizer {i}" for i in range(len(workers) - 2)]
+    roles.update({pid: name for (_, pid), name in zip(workers, names)})
+    for pid, (cmd, _, _) in procs.items():
+        roles.setdefault(pid, "resource tracker" if "resource_tracker" in cmd else f"other ({cmd[:40]})")
+    return roles
+
+
 def pct(xs: List[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
 
@@ -169,7 +204,14 @@ def main() -> None:
     try:
         asyncio.run(run_clients(url, prompts[: args.concurrency], args.output_len, args.concurrency,
                                 args.api_key))  # warm-up
+        before = group_cpu(proc.pid) if proc is not None else {}
+        me0 = time.process_time()
         results, wall = asyncio.run(run_clients(url, prompts, args.output_len, args.concurrency, args.api_key))
+        cpu = [("this client", time.process_time() - me0)]
+        if proc is not None:
+            after = group_cpu(proc.pid)
+            roles = server_roles(proc.pid, after, args.server_args)
+            cpu += [(roles[pid], sec - before.get(pid, ("", 0.0, 0))[1]) for pid, (_, sec, _) in after.items()]
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -189,6 +231,9 @@ def main() -> None:
         print(f"{name:<12}{statistics.mean(xs):>10.3f}{pct(xs, 50):>10.3f}{pct(xs, 90):>10.3f}{pct(xs, 99):>10.3f}")
     ours = tokens / wall
     print(f"minisgl: {wall:.1f} s, {ours:.1f} output tok/s, {len(results) / wall:.2f} req/s")
+    print(f"CPU time during the run ({wall:.1f} s wall), as a share of one core:")
+    for role, sec in sorted(cpu, key=lambda x: -x[1]):
+        print(f"  {role:<20}{sec:>8.1f} s {sec / wall:>6.0%}")
 
     use_hf = args.hf_baseline
     if use_hf is None:

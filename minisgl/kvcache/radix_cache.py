@@ -142,7 +142,7 @@ class RadixPrefixCache(BasePrefixCache):
             assert node.value.device.type == self.device.type, f"slots on {node.value.device}"
             assert node.ref_count >= sum(c.ref_count for c in node.children.values()), "child locked, parent not"
             pages = node.value.view(-1, P)  # [L/P, P]：整页，页内槽连续
-            assert (pages[:, 0] % P == 0).all() and (pages - pages[:, :1] == torch.arange(P)).all()
+            assert (pages[:, 0] % P == 0).all() and (pages - pages[:, :1] == torch.arange(P, device=pages.device)).all()
             sizes[node.ref_count > 0] += node.length
             values.append(node.value)
         assert sizes == [self._evictable_size, self._protected_size], f"{sizes=} vs {self.size_info}"

@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import multiprocessing as mp
+import os
 import queue
 import signal
 import socket
@@ -70,6 +71,8 @@ class ServingScheduler(Scheduler):
 def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
     import torch
 
+    if pick_device(args.device).type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # GPU 上这个进程的 CPU 只拼小张量：多余的 OpenMP 线程只会空转着抢核
     with torch.inference_mode():
         scheduler = ServingScheduler(args)
         scheduler.sync_all_ranks()  # 所有 rank 都初始化完（包括 ZMQ 订阅）再开始
