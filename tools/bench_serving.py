@@ -155,7 +155,8 @@ def server_roles(pgid: int, procs: Dict[int, Tuple[str, float, int]], server_arg
     workers = sorted((start, pid) for pid, (cmd, _, start) in procs.items() if "spawn_main" in cmd)
     names = [f"worker {i + 1}" for i in range(len(workers))]
     if "--tp" not in server_args and len(workers) >= 2:
-        names = ["scheduler"] + ["detokenizer"] + [f"tokenizer {i}" for i in range(len(workers) - 2)]
+        names = ["scheduler", "detokenizer" if len(workers) > 2 else "(de)tokenizer"]  # --num-tokenizer 0: one
+        names += [f"tokenizer {i}" for i in range(len(workers) - 2)]  # process tokenizes and detokenizes
     roles.update({pid: name for (_, pid), name in zip(workers, names)})
     for pid, (cmd, _, _) in procs.items():
         roles.setdefault(pid, "resource tracker" if "resource_tracker" in cmd else f"other ({cmd[:40]})")

@@ -43,8 +43,9 @@ if [ "${SKIP_CELLS:-0}" != 1 ]; then
   mkdir -p "$OUT/data" && cp book/data/*.json "$OUT/data/"  # ch11's GPU cell rewrites its timeline data
   # back here: python tools/nb_take_outputs.py $OUT/notebooks/chNN_*.ipynb; cp $OUT/data/*.json book/data/
 fi
-# The gpu cells already run the chapters' benchmarks (ch08: decode step of Qwen3-0.6B, graphs and fused kernels
-# on/off; ch09: offline vs transformers; ch11: overlap on/off with profiles; ch15: serving). The benchmark phase
+# The gpu cells already run the chapters' benchmarks (ch06: attention fi vs torch; ch07: prefill with a cached
+# prefix; ch08: decode step of Qwen3-0.6B, graphs and fused kernels on/off; ch09: offline vs transformers; ch10:
+# decode gaps with and without chunking; ch11: overlap on/off with profiles; ch15: serving). The benchmark phase
 # adds what no cell runs, and everything when the cells were skipped.
 cells=1; [ "${SKIP_CELLS:-0}" = 1 ] && cells=0
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
@@ -67,14 +68,23 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       "${hf[@]}" --json "$OUT/bench_offline.json"
     MINISGL_FUSED_KERNELS=0 run bench_offline_unfused python3 tools/bench_offline.py --gpu --no-hf --no-hf-cb \
       --json "$OUT/bench_offline_unfused.json"
+    # the full engine (overlap on) against transformers on the first 64 (the ch09 cell runs its tree, overlap off)
+    [ $cells = 1 ] && has hf && run bench_offline_hf64 python3 tools/bench_offline.py --gpu --variants overlap=on \
+      --hf-seqs 64 --json "$OUT/offline_overlap_on_hf64.json"
+    # where one eager forward (prefill, mixed batches) spends its time: kernels vs host
+    run profile_forward python3 tools/profile_forward.py
+    MINISGL_FUSED_KERNELS=0 run profile_forward_unfused python3 tools/profile_forward.py --rows 12
   fi
   if has peer && [ -d .peer/python/minisgl ]; then
     run bench_peer python3 tools/bench_peer.py --subset 64 --profile --json "$OUT/offline_upstream.json"
     run bench_peer_no_overlap python3 tools/bench_peer.py --overlap off --json "$OUT/offline_upstream_no_overlap.json"
   fi
-  if has serving && [ $cells = 0 ]; then
-    run bench_serving python3 tools/bench_serving.py --random-config tools/configs/qwen3-0.6b.json \
+  if has serving; then
+    [ $cells = 0 ] && run bench_serving python3 tools/bench_serving.py --random-config tools/configs/qwen3-0.6b.json \
       --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline
+    # one client: TPOT against the batch-1 decode step (the ch15 cell runs 64 clients)
+    run bench_serving_c1 python3 tools/bench_serving.py --random-config tools/configs/qwen3-0.6b.json \
+      --concurrency 1 --num-requests 16 --input-len 512 --output-len 256 --no-hf-baseline
   fi
 fi
 echo "gpu_check: exit $rc"
