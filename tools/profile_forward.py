@@ -51,7 +51,7 @@ def main() -> None:
     engine.page_table[0, : top + 16] = torch.arange(top + 16, dtype=torch.int32)
 
     def step(n: int) -> None:
-        req = Req(torch.randint(100, 20000, (n,), dtype=torch.int32), 0, 0, 1, 0)
+        req = Req(torch.randint(0, min(20000, engine.model_config.vocab_size), (n,), dtype=torch.int32), 0, 0, 1, 0)
         batch = Batch([req], "prefill")
         engine.prepare_batch(batch)
         engine.forward_batch(batch, engine.sampler.prepare([req]))
