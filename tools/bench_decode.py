@@ -22,16 +22,17 @@ import torch
 
 
 def random_checkpoint(config_path: Path, folder: Path) -> Path:
-    """config.json + model.safetensors with N(0, 0.02) bf16 weights, made with transformers on the GPU."""
+    """config.json + model.safetensors with N(0, 0.02) bf16 weights, made with transformers (on the GPU if any)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     (folder / "config.json").write_text(config_path.read_text())
     cfg = AutoConfig.from_pretrained(folder)
-    with torch.device("cuda"):
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(folder)
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     from minisgl.utils.hf import qwen3_tokenizer_dir  # Qwen3 的真实分词器：LLM 要用它
 
     for f in qwen3_tokenizer_dir().iterdir():

@@ -14,7 +14,7 @@ a plain loop over requests gives. The ratio is minisgl's output throughput over 
 
 Where the time goes: the CPU seconds each process spent during the measured run — this client, and, when the
 server was started here, each process of its group (API server, scheduler, detokenizer, tokenizers, named by
-launch.py's start order; Linux /proc) — as a share of the wall time. A process near 100% of one core is the
+launch.py's start order; Linux only: it reads /proc) — as a share of the wall time. A process near 100% of one core is the
 bottleneck of the pipeline, whatever the GPU could do.
 """
 from __future__ import annotations
@@ -134,6 +134,8 @@ def hf_baseline(model: str, prompts: List[str], output_len: int) -> Tuple[List[f
 
 def group_cpu(pgid: int) -> Dict[int, Tuple[str, float, int]]:
     """pid -> (command line, user+system CPU seconds, start tick) of every live process in process group pgid."""
+    if not os.path.isdir("/proc"):  # not Linux: the report then has this client only
+        return {}
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -6,7 +6,8 @@
 The notebook of the same name under book/chapters/ receives, for each chosen cell, the outputs and execution count
 of the cell with the same id in FROM — only if that cell's source is identical in both (otherwise it says so and
 changes nothing). A cell whose id is not in FROM (tools/nb.py import gives new ids to cells it re-creates) takes
-the outputs of the one code cell in FROM with the identical source, if there is exactly one. tools/gpu_check.sh brings the executed notebooks back under $OUT/notebooks/.
+the outputs of the one code cell in FROM with the identical source, if there is exactly one.
+tools/gpu_check.sh brings the executed notebooks back under $OUT/notebooks/.
 """
 from __future__ import annotations
 

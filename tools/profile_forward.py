@@ -34,17 +34,10 @@ def main() -> None:
     from minisgl.core import Batch, Req
     from minisgl.engine import Engine, EngineConfig
 
+    from bench_decode import random_checkpoint
+
     cuda = torch.cuda.is_available()
-    folder = Path(tempfile.mkdtemp(prefix="minisgl-prof-"))
-    if cuda:
-        from bench_decode import random_checkpoint
-
-        random_checkpoint(args.config, folder)
-    else:  # CPU smoke test: a checkpoint made with transformers on the CPU
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        (folder / "config.json").write_text(args.config.read_text())
-        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    folder = random_checkpoint(args.config, Path(tempfile.mkdtemp(prefix="minisgl-prof-")))
     top = max(args.tokens)
     engine = Engine(EngineConfig(folder, page_size=16, max_running_req=1, max_seq_len_override=top + 16,
                                  num_pages=top // 16 + 4, cuda_graph_max_bs=0))
@@ -63,7 +56,7 @@ def main() -> None:
     print("wall: median of 10, synchronized; kernels: GPU time of the kernels launched; ops ms: self CPU time of")
     print("the torch ops (the rest of the wall time is Python between them, or waiting)")
     print(f"{'tokens':>7} {'wall ms':>8} {'kernels ms':>10} {'kernels':>8} {'torch ops':>9} {'ops ms':>7}")
-    tables = {}
+    smallest = None  # the profiler's events of the smallest size: the table printed below
     with torch.inference_mode():
         for n in args.tokens:
             for _ in range(3):
@@ -85,10 +78,11 @@ def main() -> None:
             cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
             ops, ops_ms = sum(e.count for e in cpu), sum(e.self_cpu_time_total for e in cpu) / 1000
             print(f"{n:>7} {sorted(walls)[5] * 1000:>8.2f} {gpu_ms:>10.2f} {n_kernels:>8} {ops:>9} {ops_ms:>7.2f}")
-            tables[n] = events
+            if n == min(args.tokens):
+                smallest = events
     n = min(args.tokens)
     print(f"\nprofiler, {n} tokens, sorted by self CPU time (top {args.rows}):")
-    print(tables[n].table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
+    print(smallest.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
     engine.shutdown()
     shutil.rmtree(folder, ignore_errors=True)
 
