@@ -215,3 +215,41 @@ def test_gpu_fused_kernels_match_torch(monkeypatch) -> None:
     _close_bf16(got_k, ref_k)
     gate_up = torch.randn(T, 2 * I, device=dev, dtype=dt)
     _close_bf16(*reversed(both(lambda: silu_and_mul(gate_up))))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", [True, False])
+def test_gpu_qk_norm_rope_store_matches_reference(norm: bool) -> None:
+    """Triton 的融合 kernel 与 float32 的参照（第 2 章的 norm 和 RoPE）一致：q 原地改写，k、v 进了 out_loc 的槽，
+    qkv 里 k、v 的列和池子的其他槽都不动。norm=False 是 Llama（没有 q/k norm）。"""
+    pytest.importorskip("triton")
+    from minisgl.kernel import qk_norm_rope_store, qk_norm_rope_store_supported
+    from minisgl.layers import get_rope
+    from minisgl.layers.norm import _rms_norm
+
+    torch.manual_seed(0)
+    dev, dt, H, Hkv, D, slots = "cuda", torch.bfloat16, 16, 4, 128, 512
+    rope = get_rope(D, D, 40960, 1e6, None)
+    for T in (1, 7, 300):
+        qkv = torch.randn(T, (H + 2 * Hkv) * D, device=dev, dtype=dt)
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+        ref_q, ref_k, old_kv = q.float(), k.float(), qkv[:, H * D:].clone()
+        wq, wk = torch.randn(D, device=dev, dtype=dt), torch.randn(D, device=dev, dtype=dt)
+        pos = torch.randint(0, 40960, (T,), device=dev, dtype=torch.int32)
+        loc = torch.randperm(slots, device=dev)[:T].int()
+        k_cache, v_cache = torch.zeros(2, slots, Hkv, D, device=dev, dtype=dt).unbind(0)
+        assert qk_norm_rope_store_supported(q, k, v, k_cache, v_cache, D)
+        assert not qk_norm_rope_store_supported(q, k, v, k_cache, v_cache, D // 2)  # 只转一部分维度：走老路
+        qk_norm_rope_store(q, k, v, pos, rope.table(q.device), wq if norm else None, wk if norm else None, 1e-6,
+                           k_cache, v_cache, loc)
+        if norm:
+            ref_q, ref_k = _rms_norm(ref_q, wq.float(), 1e-6), _rms_norm(ref_k, wk.float(), 1e-6)
+        ref_q, ref_k = rope.forward(pos, ref_q, ref_k)  # float32：第 2 章的写法
+        _close_bf16(q, ref_q)
+        _close_bf16(k_cache[loc.long()], ref_k)
+        assert torch.equal(v_cache[loc.long()], v)
+        assert torch.equal(qkv[:, H * D:], old_kv)
+        untouched = torch.ones(slots, dtype=torch.bool, device=dev)
+        untouched[loc.long()] = False
+        assert not k_cache[untouched].any() and not v_cache[untouched].any()

@@ -15,7 +15,6 @@ import argparse
 import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -38,6 +37,35 @@ def random_checkpoint(config_path: Path, folder: Path) -> Path:
     for f in qwen3_tokenizer_dir().iterdir():
         shutil.copy(f, folder / f.name)
     return folder
+
+
+def decode_engine(folder: Path, max_bs: int, context: int, graphs: int):
+    """fi 后端、页大小 16 的引擎，池子够 max_bs 个请求各 context + 64 个 token；页表第 i 行指向自己的一段槽。"""
+    from minisgl.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(folder, attention_backend="fi", page_size=16, max_running_req=max_bs,
+                                 max_seq_len_override=context + 64, num_pages=max_bs * (context + 64) // 16 + 16,
+                                 cuda_graph_max_bs=graphs))
+    P = engine.config.page_size
+    table = torch.arange(max_bs * engine.page_table.shape[1], dtype=torch.int32, device="cuda")
+    engine.page_table[:max_bs] = table.view(max_bs, -1) % (engine.num_pages * P)
+    return engine
+
+
+def decode_reqs(bs: int, context: int) -> list:
+    """bs 个请求，每个的前 context - 1 个 token 算作已经在池子里（内容是什么不影响时间）。"""
+    from minisgl.core import Req
+
+    return [Req(torch.randint(0, 1000, (context,), dtype=torch.int32), i, context - 1, 8, i) for i in range(bs)]
+
+
+def decode_batch(reqs: list, context: int):
+    """这些请求的一个 decode 批；每一步都在同一个位置上 decode：时间与真实 decode 一样，池子不会越界。"""
+    from minisgl.core import Batch
+
+    for r in reqs:
+        r.cached_len, r.device_len = context - 1, context
+    return Batch(reqs, "decode")
 
 
 def copy_bandwidth() -> float:
@@ -63,9 +91,6 @@ def main() -> None:
     ap.add_argument("--graphs", type=int, nargs="+", default=[0, 256], help="cuda_graph_max_bs values to compare")
     args = ap.parse_args()
 
-    from minisgl.core import Batch, Req
-    from minisgl.engine import Engine, EngineConfig
-
     bw = copy_bandwidth()
     folder = Path(tempfile.mkdtemp(prefix="minisgl-bench-"))
     random_checkpoint(args.config, folder)
@@ -73,23 +98,16 @@ def main() -> None:
     for graphs in args.graphs:
         max_bs = max(args.batch_sizes)
         ctx = args.context
-        engine = Engine(EngineConfig(folder, attention_backend="fi", page_size=16, max_running_req=max_bs,
-                                     max_seq_len_override=ctx + 64, num_pages=max_bs * (ctx + 64) // 16 + 16,
-                                     cuda_graph_max_bs=graphs))
-        P = engine.config.page_size
-        table = torch.arange(max_bs * engine.page_table.shape[1], dtype=torch.int32, device="cuda")
-        engine.page_table[:max_bs] = table.view(max_bs, -1) % (engine.num_pages * P)
+        engine = decode_engine(folder, max_bs, ctx, graphs)
         weight_bytes = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())
         per_token = 2 * engine.model_config.num_layers * engine.kv_cache.k_cache(0).shape[1] * \
             engine.model_config.head_dim * engine.dtype.itemsize
         for bs in args.batch_sizes:
-            reqs = [Req(torch.randint(0, 1000, (ctx,), dtype=torch.int32), i, ctx - 1, 8, i) for i in range(bs)]
+            reqs = decode_reqs(bs, ctx)
             times = []
             with torch.inference_mode():
                 for step in range(40):
-                    for r in reqs:  # 每一步都在同一个位置上 decode：时间与真实 decode 一样，池子不会越界
-                        r.cached_len, r.device_len = ctx - 1, ctx
-                    batch = Batch(reqs, "decode")
+                    batch = decode_batch(reqs, ctx)
                     ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
                     torch.cuda.synchronize()
                     ev[0].record()

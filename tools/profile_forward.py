@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
-"""Where one eager forward's time goes: a prefill of --tokens tokens (eager: prefill never replays a CUDA graph)
-with random weights in a real config, timed (synchronize around it) and profiled with torch.profiler.
+"""Where one forward's time goes, with random weights in a real config, profiled with torch.profiler.
 
     python tools/profile_forward.py [--config tools/configs/qwen3-0.6b.json] [--tokens 64 1024 4096]
+    python tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64   # needs a GPU
 
-Prints, for each size, the median wall time of prepare_batch + forward_batch and the GPU time of the kernels it
-launched; then the profiler's table of the smallest size (host-bound if any is), sorted by self CPU time. On a
-CPU-only machine it runs the same on cpu with the torch backend (a smoke test; the numbers mean little there).
+Prefill (default): an eager prefill of --tokens tokens (prefill never replays a CUDA graph), timed (synchronize
+around it): the median wall time of prepare_batch + forward_batch and the GPU time of the kernels it launched;
+then the profiler's table of the smallest size (host-bound if any is), sorted by self CPU time. On a CPU-only
+machine it runs the same on cpu with the torch backend (a smoke test; the numbers mean little there).
+
+Decode (--decode BS...): the decode step of bench_decode (fi, page 16, 512 tokens of context, CUDA graphs on):
+forward_batch timed with CUDA events, then 10 replays profiled — the kernels of one step grouped by kind (GEMM,
+attention, norm, ...), with their count and GPU time, against the forward's time: what is left is the GPU idle
+between kernels. Then the kernels with the most time.
 """
 from __future__ import annotations
 
@@ -29,7 +35,11 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=TOOLS / "configs" / "qwen3-0.6b.json")
     ap.add_argument("--tokens", type=int, nargs="+", default=[64, 1024, 4096])
     ap.add_argument("--rows", type=int, default=25, help="rows of the profiler table")
+    ap.add_argument("--decode", type=int, nargs="+", metavar="BS", help="profile decode steps at these batch sizes")
+    ap.add_argument("--context", type=int, default=512, help="decode: tokens of context per request")
     args = ap.parse_args()
+    if args.decode:
+        return profile_decode(args)
 
     from minisgl.core import Batch, Req
     from minisgl.engine import Engine, EngineConfig
@@ -85,6 +95,92 @@ def main() -> None:
     print(smallest.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
     engine.shutdown()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+KINDS = [  # (kind, regex on the lower-cased kernel name): the first match wins
+    ("qk_norm_rope_store", r"qk_norm_rope_store"),
+    ("attention", r"batchdecode|batchprefill|mergestate|attention"),
+    ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas"),
+    ("norm", r"norm"),
+    ("rope", r"rope"),
+    ("silu_and_mul", r"silu|act_and_mul"),
+    ("kv store / copy", r"index_copy|indexcopy|copy|scatter"),
+    ("sampling", r"argmax|sampl|softmax|topk|top_k|reduce"),
+]
+
+
+def profile_decode(args: argparse.Namespace) -> None:
+    from bench_decode import decode_engine, decode_reqs, random_checkpoint
+
+    assert torch.cuda.is_available(), "--decode needs a GPU (fi attention, CUDA graphs)"
+    folder = random_checkpoint(args.config, Path(tempfile.mkdtemp(prefix="minisgl-prof-")))
+    max_bs = max(args.decode)
+    engine = decode_engine(folder, max_bs, args.context, graphs=max_bs)
+    print(f"\n{args.config.stem}: one decode step (forward_batch; CUDA graphs on), fi, {engine.dtype}, "
+          f"context {args.context}")
+    graph_sizes = engine.graph_runner.batch_sizes
+    for bs in args.decode:
+        reqs = decode_reqs(bs, args.context)
+        # graphs: the real step; eager (graphs switched off): the same kernels launched one by one, in case the
+        # profiler cannot see inside a graph replay (then the graph rows are empty)
+        for mode in ("graph", "eager"):
+            engine.graph_runner.batch_sizes = graph_sizes if mode == "graph" else []
+            profile_decode_step(engine, reqs, args, f"batch {bs}, {mode}")
+        engine.graph_runner.batch_sizes = graph_sizes
+    engine.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def profile_decode_step(engine, reqs: list, args: argparse.Namespace, title: str) -> None:
+    import re
+
+    from bench_decode import decode_batch
+
+    def step() -> None:
+        batch = decode_batch(reqs, args.context)
+        engine.prepare_batch(batch)
+        engine.forward_batch(batch, engine.sampler.prepare(reqs))
+
+    with torch.inference_mode():
+        for _ in range(5):
+            step()
+        times = []
+        for _ in range(20):
+            batch = decode_batch(reqs, args.context)
+            engine.prepare_batch(batch)
+            sargs = engine.sampler.prepare(reqs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            engine.forward_batch(batch, sargs)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        fwd_us = sorted(times)[len(times) // 2] * 1000
+        steps = 10
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_kind: dict = {}
+    for e in kernels:
+        kind = next((k for k, rx in KINDS if re.search(rx, e.key.lower())), "other")
+        n, us = by_kind.get(kind, (0, 0.0))
+        by_kind[kind] = (n + e.count, us + e.self_device_time_total)
+    total_n = sum(n for n, _ in by_kind.values()) / steps
+    total_us = sum(us for _, us in by_kind.values()) / steps
+    print(f"\n{title}: forward {fwd_us:.0f} us (CUDA events, median of 20); kernels {total_us:.0f} us in "
+          f"{total_n:.0f} kernels per step; GPU idle between them {fwd_us - total_us:.0f} us "
+          f"({(fwd_us - total_us) / max(total_n, 1):.2f} us per kernel)")
+    print(f"{'kind':<20} {'kernels':>8} {'us':>8} {'share':>6} {'us each':>8}")
+    for kind, (n, us) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
+        print(f"{kind:<20} {n / steps:>8.0f} {us / steps:>8.0f} {us / steps / fwd_us:>6.1%} {us / max(n, 1):>8.2f}")
+    print("top kernels, per step:")
+    print(f"{'us':>8} {'count':>6} {'us each':>8}  name")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:args.rows]:
+        print(f"{e.self_device_time_total / steps:>8.1f} {e.count / steps:>6.0f} "
+              f"{e.self_device_time_total / e.count:>8.2f}  {e.key[:100]}")
 
 
 if __name__ == "__main__":

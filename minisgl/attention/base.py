@@ -26,9 +26,11 @@ class BaseAttnBackend(ABC):
         """在 batch.prepare() 之后调用，设置 batch.attn_metadata。"""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
-        """q: [T, H, D]，k/v: [T, Hkv, D]（这一批的新 token）→ [T, H, D]。先把 k/v 写进池子的 out_loc。"""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                save_kv: bool = True) -> torch.Tensor:
+        """q: [T, H, D]，k/v: [T, Hkv, D]（这一批的新 token）→ [T, H, D]。
+
+        先把 k/v 写进池子的 out_loc；save_kv=False 时调用方已经写好了（第 8 章的融合 kernel）。"""
 
     # 下面两个给第 8 章的 CUDA Graph 用：decode 的元数据要写进地址固定的缓冲区
     supports_cuda_graph: bool = False

@@ -94,9 +94,10 @@ class FlashInferBackend(BaseAttnBackend):
         last = torch.arange(batch.padded_size, device=self.device)  # decode：每个 token 都是最后一个
         batch.attn_metadata = FlashInferMetadata(last_indices=last, wrapper=wrapper)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                save_kv: bool = True) -> torch.Tensor:
+        if save_kv:
+            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         meta = batch.attn_metadata
         assert isinstance(meta, FlashInferMetadata)
         shape = (-1, 1, self.num_kv_heads, self.head_dim)  # [slots, page_size=1, Hkv, D]

@@ -49,9 +49,10 @@ class NativeAttnBackend(BaseAttnBackend):
             kv_mask=torch.arange(L, device=dev)[None, :] < lens[:, None],  # [B, L]
             cu_seqlens_q=cu, seq_lens=seq_lens)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                save_kv: bool = True) -> torch.Tensor:
+        if save_kv:
+            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         meta = batch.attn_metadata
         assert isinstance(meta, NativeAttnMetadata)
         k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)  # [slots, Hkv, D]

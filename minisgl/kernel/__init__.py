@@ -1,4 +1,5 @@
-# Tangled from book/chapters/ch06_kvcache.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
+from .fused import qk_norm_rope_store, qk_norm_rope_store_supported
 from .store import store_cache
 
-__all__ = ["store_cache"]
+__all__ = ["qk_norm_rope_store", "qk_norm_rope_store_supported", "store_cache"]

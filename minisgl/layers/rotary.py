@@ -30,16 +30,20 @@ class RotaryEmbedding(StateLessOP):
         # yarn 的 attention_factor 把 cos/sin 整体放大一点；其他方法是 1
         self._cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * attention_factor  # [P, R] float32
 
+    def table(self, device: torch.device) -> torch.Tensor:
+        """[P, R] float32 的 cos/sin 表，在 device 上：第一次用时搬过去，之后一直留在那里。"""
+        if self._cos_sin_cache.device != device:
+            self._cos_sin_cache = self._cos_sin_cache.to(device)
+        return self._cos_sin_cache
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self._cos_sin_cache.device != positions.device:  # 只搬一次，之后一直留在那个设备上
-            self._cos_sin_cache = self._cos_sin_cache.to(positions.device)
+        cos_sin = self.table(positions.device)  # [P, R]
         fi = fused_kernels(q)
         if fi is not None:  # 一个 kernel 原地转完 q 和 k：同一张 [P, R] 表，前一半 cos、后一半 sin
-            fi.rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, self.head_dim, self._cos_sin_cache,
-                                                          is_neox=True)
+            fi.rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, self.head_dim, cos_sin, is_neox=True)
             return q, k
-        cos, sin = self._cos_sin_cache[positions].chunk(2, dim=-1)  # [T, R/2] ×2 float32
+        cos, sin = cos_sin[positions].chunk(2, dim=-1)  # [T, R/2] ×2 float32
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, R/2]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)  # [T, H, D], [T, Hkv, D]
 

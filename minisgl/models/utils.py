@@ -27,7 +27,7 @@ class GatedMLP(BaseOP):
 
 
 class AttentionBlock(BaseOP):
-    """qkv_proj → 切成 q、k、v →（q/k norm）→ AttentionLayer（RoPE + 后端）→ o_proj。头数是本 rank 的。"""
+    """qkv_proj → 切成 q、k、v → AttentionLayer（q/k norm、RoPE、后端）→ o_proj。头数是本 rank 的。"""
 
     def __init__(self, config: ModelConfig, layer_id: int, qk_norm: bool, rotary: RotaryEmbedding) -> None:
         self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads, config.num_kv_heads)
@@ -41,9 +41,8 @@ class AttentionBlock(BaseOP):
         H, Hkv, D = self.attn.num_qo_heads, self.attn.num_kv_heads, self.attn.head_dim
         q, k, v = self.qkv_proj.forward(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(-1, H, D), k.view(-1, Hkv, D), v.view(-1, Hkv, D)  # [T, H, D], [T, Hkv, D] ×2
-        if self.q_norm is not None and self.k_norm is not None:  # Qwen3：每个头各自归一化
-            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        return self.o_proj.forward(self.attn.forward(q, k, v, positions))  # [T, E]，o_proj 里 all-reduce
+        o = self.attn.forward(q, k, v, positions, self.q_norm, self.k_norm)  # [T, H·D]
+        return self.o_proj.forward(o)  # [T, E]，o_proj 里 all-reduce
 
 
 class DecoderLayer(BaseOP):
