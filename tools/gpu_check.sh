@@ -57,6 +57,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     done
     [ $cells = 0 ] && MINISGL_FUSED_KERNELS=0 run bench_decode_qwen3-0.6b_unfused \
       python3 tools/bench_decode.py --config tools/configs/qwen3-0.6b.json --graphs 256
+     # where the decode step's time goes, kernel by kind inside the graph replay; decode attention alone
+    run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
+    run bench_attention python3 tools/bench_attention.py
   fi
   if has offline; then
     variants=(graphs=0 attn=torch); hf=(--no-hf --no-hf-cb)
