@@ -60,6 +60,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
      # where the decode step's time goes, kernel by kind inside the graph replay; decode attention alone
     run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
     run bench_attention python3 tools/bench_attention.py
+    # small-batch matmuls: cuBLAS against Triton GEMV kernels (the bs-1 gap to the floor is mostly here)
+    run bench_gemv python3 tools/bench_gemv.py
   fi
   if has offline; then
     variants=(graphs=0 attn=torch); hf=(--no-hf --no-hf-cb)
