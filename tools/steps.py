@@ -6,7 +6,9 @@
     python tools/steps.py tree-dir N         write chapter N's tree to .build/trees/chNN/ and print its path
     python tools/steps.py test [N ...] [--gpu] [--show-output] [-- pytest args]
                                              each chapter's tests (tests/test_chNN_*.py) inside its own tree
-    python tools/steps.py check [N ...]      run chapter N's example inside chapter N's tree
+    python tools/steps.py check [N ...] [--static]
+                                             run chapter N's example inside chapter N's tree (--static: only
+                                             compile it and resolve its minisgl imports against chapters 1..N)
     python tools/steps.py execute [chNN ...] [--gpu-only | --cells ID,...]
                                              run notebooks headless (nbclient) and store their outputs
                                              (--gpu-only / --cells: only the setup cell and those cells)
@@ -556,7 +558,38 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
-def cmd_check(nums: List[int], timeout: int) -> int:
+def _static_check(state, main: str) -> str:
+    """'' if chapter N's example compiles and every `minisgl` module (and name) it imports is in chapter N's
+    files; else what is missing. Running it is nbval's job (the example cell runs in chapter N's tree)."""
+    source = state.content(main)
+    try:
+        tree = ast.parse(source, main)
+    except SyntaxError as e:
+        return f"{main}: {e}"
+    files = set(state.files("minisgl/"))
+
+    def module_file(mod: str) -> str | None:
+        base = mod.replace(".", "/")
+        return next((f for f in (base + ".py", base + "/__init__.py") if f in files), None)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods = [(a.name, None) for a in node.names if a.name.split(".")[0] == "minisgl"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "minisgl":
+            mods = [(node.module, a.name) for a in node.names]
+        else:
+            continue
+        for mod, name in mods:
+            f = module_file(mod)
+            if f is None:
+                return f"{main} imports {mod}, which chapters 1..N do not make"
+            if name and module_file(f"{mod}.{name}") is None and not re.search(rf"\b{re.escape(name)}\b",
+                                                                                    state.content(f)):
+                return f"{main} imports {name} from {mod}, which {f} does not define as of this chapter"
+    return ""
+
+
+def cmd_check(nums: List[int], timeout: int, static: bool = False) -> int:
     chapters = load_chapters()
     nums = nums or [c.num for c in chapters]
     rows, failed = [], 0
@@ -567,6 +600,11 @@ def cmd_check(nums: List[int], timeout: int) -> int:
         if main not in state.parts:
             rows.append((num, nfiles, f"没有 {main}", 0.0))
             failed += 1
+            continue
+        if static:
+            problem = _static_check(state, main)
+            failed += bool(problem)
+            rows.append((num, nfiles, f"失败：{problem}" if problem else f"ok (static: {main})", 0.0))
             continue
         root, _, _ = materialise(num, chapters)
         t0 = time.time()
@@ -668,6 +706,8 @@ def main(argv: List[str] | None = None) -> int:
     c = sub.add_parser("check", help="run each chapter's example inside chapter N's tree")
     c.add_argument("n", type=chapter_arg, nargs="*", help="chapters (default: all)")
     c.add_argument("--timeout", type=int, default=900)
+    c.add_argument("--static", action="store_true",
+                   help="only check that each example compiles and imports what chapters 1..N make (nbval runs it)")
     e = sub.add_parser("execute", help="run notebooks with nbclient and store the outputs")
     e.add_argument("names", type=chapter_arg, nargs="*", help="chapters (default: all)")
     e.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
@@ -689,7 +729,7 @@ def main(argv: List[str] | None = None) -> int:
     if args.cmd == "test":
         return cmd_test(args.n, args.gpu, extra, args.timeout, args.show_output)
     if args.cmd == "check":
-        return cmd_check(args.n, args.timeout)
+        return cmd_check(args.n, args.timeout, args.static)
     if args.cmd == "execute":
         return cmd_execute(args.names, args.timeout, args.gpu_only, [c for c in args.cells.split(",") if c])
     return cmd_parts(args.n)
