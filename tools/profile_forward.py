@@ -136,19 +136,20 @@ def profile_decode_step(engine, reqs: list, args: argparse.Namespace, title: str
 
     from bench_decode import decode_batch
 
-    def step() -> None:
+    def prepare() -> tuple:  # CPU work of a step (not timed below)
         batch = decode_batch(reqs, args.context)
         engine.prepare_batch(batch)
-        engine.forward_batch(batch, engine.sampler.prepare(reqs))
+        return batch, engine.sampler.prepare(reqs)
+
+    def step() -> None:
+        engine.forward_batch(*prepare())
 
     with torch.inference_mode():
         for _ in range(5):
             step()
         times = []
         for _ in range(20):
-            batch = decode_batch(reqs, args.context)
-            engine.prepare_batch(batch)
-            sargs = engine.sampler.prepare(reqs)
+            batch, sargs = prepare()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()

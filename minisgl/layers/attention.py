@@ -26,9 +26,11 @@ class AttentionLayer(StateLessOP):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> torch.Tensor:
         ctx = get_global_ctx()
-        k_cache, v_cache = ctx.kv_cache.k_cache(self.layer_id), ctx.kv_cache.v_cache(self.layer_id)
-        if fused_kernels(q) is not None and qk_norm_rope_store_supported(q, k, v, k_cache, v_cache,
-                                                                         self._rotary.rotary_dim):
+        fused = fused_kernels(q) is not None  # CPU、float32：直接走老路，不必去拿池子的视图
+        if fused:
+            k_cache, v_cache = ctx.kv_cache.k_cache(self.layer_id), ctx.kv_cache.v_cache(self.layer_id)
+            fused = qk_norm_rope_store_supported(q, k, v, k_cache, v_cache, self._rotary.rotary_dim)
+        if fused:
             norm = q_norm is not None and k_norm is not None
             qk_norm_rope_store(q, k, v, positions, self._rotary.table(q.device),
                                q_norm.weight if norm else None, k_norm.weight if norm else None,
