@@ -19,8 +19,8 @@ class Env:
 
     log_level: str = _var("LOG_LEVEL", "INFO", "日志级别：DEBUG / INFO / WARNING / ERROR")
     cache_dir: str = _var("CACHE_DIR", "~/.cache/minisgl", "内置模型等缓存文件放在哪里")
-    fused_kernels: bool = _var("FUSED_KERNELS", True, "GPU 上 bf16/fp16 时用 FlashInfer 的融合 norm、RoPE、激活；"
-                               "0 关掉（对比用）")
+    fused_kernels: bool = _var("FUSED_KERNELS", True, "GPU 上 bf16/fp16 时用融合 kernel（FlashInfer 的 norm、"
+                               "RoPE、激活，Triton 的 q/k norm + RoPE + 写 KV 和小批量矩阵乘）；0 关掉（对比用）")
 
     def __post_init__(self) -> None:
         levels = ("DEBUG", "INFO", "WARNING", "ERROR")

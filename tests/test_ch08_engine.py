@@ -253,3 +253,34 @@ def test_gpu_qk_norm_rope_store_matches_reference(norm: bool) -> None:
         untouched = torch.ones(slots, dtype=torch.bool, device=dev)
         untouched[loc.long()] = False
         assert not k_cache[untouched].any() and not v_cache[untouched].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gemv_matches_reference(dtype: torch.dtype) -> None:
+    """Triton 的小批量矩阵乘与 float32 的参照一致（有无偏置）；每一行与批里的其他行无关（逐 bit 相同）；
+    超过 16 行、整除不了的形状由 linear 交给 F.linear。"""
+    pytest.importorskip("triton")
+    pytest.importorskip("flashinfer")  # linear 的分岔从 fused_kernels 开始
+    from minisgl.kernel import gemv, gemv_supported
+    from minisgl.layers.base import linear
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    for N, K in [(6144, 4096), (4096, 12288), (1024, 2048), (4096, 1024), (256, 640)]:
+        w = torch.randn(N, K, device=dev, dtype=dtype) / K ** 0.5
+        b = torch.randn(N, device=dev, dtype=dtype)
+        x = torch.randn(16, K, device=dev, dtype=dtype)
+        for M in (1, 3, 16):
+            assert gemv_supported(x[:M], w)
+            ref = x[:M].float() @ w.float().T
+            _close_bf16(gemv(x[:M], w), ref)
+            _close_bf16(gemv(x[:M], w, b), ref + b.float())
+            assert torch.equal(linear(x[:M], w), gemv(x[:M], w))
+        full = gemv(x, w)
+        assert all(torch.equal(gemv(x[i:i + 1], w), full[i:i + 1]) for i in range(16))  # 与批无关
+    x, w = torch.randn(17, 1024, device=dev, dtype=dtype), torch.randn(512, 1024, device=dev, dtype=dtype)
+    assert not gemv_supported(x, w) and gemv_supported(x[:16], w)
+    assert torch.equal(linear(x, w), torch.nn.functional.linear(x, w))  # 17 行：cuBLAS
+    assert not gemv_supported(x[:4].float(), w.float()) and not gemv_supported(x[:4, ::2], w[:, ::2])
+    assert not gemv_supported(x[:4, :1000], torch.randn(512, 1000, device=dev, dtype=dtype))  # K 整除不了

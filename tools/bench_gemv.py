@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Small-batch matmul (GEMV) on a GPU: cuBLAS against Triton kernels, on the matmuls of a decode step.
 
-    python tools/bench_gemv.py [--config tools/configs/qwen3-8b.json] [--m 1 8]
+    python tools/bench_gemv.py [--config tools/configs/qwen3-8b.json] [--m 1 8] [--kinds dot]
     TRITON_INTERPRET=1 python tools/bench_gemv.py --smoke      # CPU: every kernel variant against torch
 
 At batch 1 cuBLAS reads the weights of Qwen3-8B's qkv / o_proj / down at 2.6-3.3 TB/s (tools/profile_forward.py
@@ -9,7 +9,8 @@ At batch 1 cuBLAS reads the weights of Qwen3-8B's qkv / o_proj / down at 2.6-3.3
 "fma" (each program multiplies BLOCK_N weight rows by the M inputs with a broadcast multiply-sum, fp32
 accumulation) and "dot" (the inputs padded to 16 rows, tl.dot on tensor cores). Each case is timed with
 triton.testing.do_bench_cudagraph (replays of a captured graph, as in a decode step); the table gives, per shape,
-cuBLAS and the best Triton config in us and TB/s of weight read, and what the best configs would save per step.
+cuBLAS, the best Triton config and minisgl's kernel (minisgl/kernel/gemv.py: the "dot" kernel with a block rule
+drawn from this sweep) in us and TB/s of weight read, and what each would save per decode step.
 """
 from __future__ import annotations
 
@@ -74,13 +75,15 @@ def run(cfg: dict, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
                        num_warps=cfg["warps"], num_stages=cfg["stages"])
 
 
-def configs(m: int) -> list:
+def configs(m: int, kinds: tuple = ("fma", "dot")) -> list:
     out = []
-    for bn, bk, warps, stages in itertools.product([2, 4, 8, 16], [512, 1024, 2048], [4, 8], [1, 3]):
-        if bn * bk * triton.next_power_of_2(m) <= 16384 and bn * bk >= 1024:
-            out.append(dict(kind="fma", BLOCK_N=bn, BLOCK_K=bk, warps=warps, stages=stages))
-    for bn, bk, stages in itertools.product([16, 32, 64], [128, 256, 512], [3, 4]):
-        out.append(dict(kind="dot", BLOCK_N=bn, BLOCK_K=bk, warps=4, stages=stages))
+    if "fma" in kinds:
+        for bn, bk, warps, stages in itertools.product([2, 4, 8, 16], [512, 1024, 2048], [4, 8], [1, 3]):
+            if bn * bk * triton.next_power_of_2(m) <= 16384 and bn * bk >= 1024:
+                out.append(dict(kind="fma", BLOCK_N=bn, BLOCK_K=bk, warps=warps, stages=stages))
+    if "dot" in kinds:
+        for bn, bk, stages in itertools.product([16, 32, 64], [128, 256, 512, 1024], [3, 4]):
+            out.append(dict(kind="dot", BLOCK_N=bn, BLOCK_K=bk, warps=4, stages=stages))
     return out
 
 
@@ -114,17 +117,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path(__file__).parent / "configs" / "qwen3-8b.json")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 8], help="rows of x (the decode batch size)")
+    ap.add_argument("--kinds", nargs="*", default=["fma", "dot"], choices=["fma", "dot"],
+                    help="Triton kernels to sweep (none: only cuBLAS and minisgl)")
+    ap.add_argument("--json", type=Path, help="write every config's time here")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.smoke:
         return smoke()
     from triton.testing import do_bench_cudagraph
 
+    from minisgl.kernel.gemv import _blocks, gemv, gemv_supported
+
     dev, dt = torch.device("cuda"), torch.bfloat16
     todo, layers = shapes(args.config)
     print(f"\n{args.config.stem}: y = x @ W^T, bf16, us per call (graph replays); TB/s = weight bytes / time")
-    print(f"{'shape':<13} {'N':>7} {'K':>6} {'M':>3} {'cuBLAS':>8} {'TB/s':>5} {'Triton':>8} {'TB/s':>5}  best config")
+    print(f"{'shape':<13} {'N':>7} {'K':>6} {'M':>3} {'cuBLAS':>8} {'TB/s':>5} {'Triton':>8} {'TB/s':>5} "
+          f"{'minisgl':>8} {'TB/s':>5}  best config / minisgl's (BLOCK_N, BLOCK_K, stages)")
     saved = {m: 0.0 for m in args.m}
+    saved_ours = {m: 0.0 for m in args.m}
     results = []
     for (name, N, K), m in itertools.product(todo, args.m):
         w = torch.randn(N, K, device=dev, dtype=dt) * 0.02
@@ -133,7 +143,8 @@ def main() -> None:
         ref = x @ w.T
         cublas = do_bench_cudagraph(lambda: torch.matmul(x, w.T, out=y), rep=50) * 1000
         best = (float("inf"), None)
-        for cfg in configs(m):
+        every = []
+        for cfg in configs(m, tuple(args.kinds)):
             if N % cfg["BLOCK_N"] or K % cfg["BLOCK_K"]:
                 continue
             try:
@@ -143,17 +154,29 @@ def main() -> None:
             except Exception as e:  # out of resources (shared memory / registers) for this block shape
                 print(f"  skip {cfg}: {type(e).__name__}")
                 continue
+            every.append(dict(cfg, us=us))
             best = min(best, (us, cfg), key=lambda b: b[0])
         nbytes = N * K * 2
         us, cfg = best
+        ours = float("nan")
+        if gemv_supported(x, w):  # the kernel and block rule in minisgl/kernel/gemv.py (ch08)
+            assert torch.equal(gemv(x, w), gemv(x, w))
+            ours = do_bench_cudagraph(lambda: gemv(x, w), rep=50) * 1000
+        cfg_s = {k: v for k, v in (cfg or {}).items() if k != "kind"}
         print(f"{name:<13} {N:>7} {K:>6} {m:>3} {cublas:>8.2f} {nbytes / cublas / 1e6:>5.2f} {us:>8.2f} "
-              f"{nbytes / us / 1e6:>5.2f}  {cfg}")
-        saved[m] += max(0.0, cublas - us) * (1 if name == "lm_head" else layers)
-        results.append(dict(shape=name, N=N, K=K, m=m, cublas_us=cublas, triton_us=us, config=cfg))
+              f"{nbytes / us / 1e6:>5.2f} {ours:>8.2f} {nbytes / ours / 1e6:>5.2f}  {cfg_s} / {_blocks(N, K)}")
+        per_step = 1 if name == "lm_head" else layers
+        saved[m] += max(0.0, cublas - us) * per_step
+        if name != "lm_head":  # minisgl keeps cuBLAS for the LM head
+            saved_ours[m] += (cublas - ours) * per_step
+        results.append(dict(shape=name, N=N, K=K, m=m, cublas_us=cublas, triton_us=us, config=cfg, minisgl_us=ours,
+                            minisgl_blocks=_blocks(N, K), every=every))
         torch.cuda.empty_cache()
     for m, s in saved.items():
-        print(f"batch {m}: the best Triton config where it beats cuBLAS would save {s:.0f} us per decode step")
-    print("JSON", json.dumps(results))
+        swept = f"the best Triton config where it beats cuBLAS would save {s:.0f} us per decode step; " if args.kinds else ""
+        print(f"batch {m}: {swept}minisgl's rule (qkv, o, gate_up, down) saves {saved_ours[m]:.0f} us")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

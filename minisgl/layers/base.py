@@ -6,8 +6,10 @@ from types import ModuleType
 from typing import Any, Dict, Generic, Iterator, List, Tuple, TypeVar
 
 import torch
+import torch.nn.functional as F
 
 from minisgl.env import load_env
+from minisgl.kernel import gemv, gemv_supported
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -103,3 +105,10 @@ def fused_kernels(x: torch.Tensor) -> ModuleType | None:
     if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
         return None
     return _fused_module()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias)：[T, in] -> [T, out]。GPU 上 bf16/fp16、T <= 16 时用 Triton 的 GEMV，否则 F.linear。"""
+    if fused_kernels(x) is not None and gemv_supported(x, weight):
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)

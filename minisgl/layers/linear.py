@@ -1,14 +1,13 @@
-# Tangled from book/chapters/ch02_layers.ipynb and ch05_tensor_parallel.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch02_layers.ipynb and ch05_tensor_parallel.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from typing import List
 
 import torch
-import torch.nn.functional as F
 
 from minisgl.distributed import all_reduce, get_tp_info, kv_head_range, shard_range
 
-from .base import BaseOP
+from .base import BaseOP, linear
 
 
 class _Linear(BaseOP):
@@ -21,7 +20,7 @@ class _Linear(BaseOP):
         self.bias = torch.empty(output_size) if bias else None  # [out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # [T, in] -> [T, out]
+        return linear(x, self.weight, self.bias)  # [T, in] -> [T, out]
 
 
 class LinearReplicated(_Linear):
@@ -64,5 +63,5 @@ class LinearRowParallel(_Linear):
         super().__init__(end - start, output_size, bias)  # weight: [out, in/tp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight))  # [T, in/tp] -> [T, out]
+        y = all_reduce(linear(x, self.weight))  # [T, in/tp] -> [T, out]
         return y if self.bias is None else y + self.bias
