@@ -284,3 +284,18 @@ def test_gpu_gemv_matches_reference(dtype: torch.dtype) -> None:
     assert torch.equal(linear(x, w), torch.nn.functional.linear(x, w))  # 17 行：cuBLAS
     assert not gemv_supported(x[:4].float(), w.float()) and not gemv_supported(x[:4, ::2], w[:, ::2])
     assert not gemv_supported(x[:4, :1000], torch.randn(512, 1000, device=dev, dtype=dtype))  # K 整除不了
+
+
+@pytest.mark.gpu
+def test_gpu_gemv_falls_back_when_the_blocks_do_not_fit(monkeypatch) -> None:
+    """共享内存放不下规则给的分块（这里故意给一个任何 GPU 都放不下的）：结果来自 cuBLAS，这个形状以后不再走 GEMV。"""
+    pytest.importorskip("triton")
+    from minisgl.kernel import matmul as gemv_module
+
+    monkeypatch.setattr(gemv_module, "_blocks", lambda N, K: (64, 4096, 8))  # 8 × 4096 × 80 × 2 字节 ≈ 5 MB
+    monkeypatch.setattr(gemv_module, "_does_not_fit", set())
+    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
+    assert gemv_module.gemv_supported(x, w)
+    assert torch.equal(gemv_module.gemv(x, w), torch.nn.functional.linear(x, w))
+    assert not gemv_module.gemv_supported(x, w) and gemv_module._does_not_fit == {(256, 4096)}

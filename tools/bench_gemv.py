@@ -9,7 +9,7 @@ At batch 1 cuBLAS reads the weights of Qwen3-8B's qkv / o_proj / down at 2.6-3.3
 "fma" (each program multiplies BLOCK_N weight rows by the M inputs with a broadcast multiply-sum, fp32
 accumulation) and "dot" (the inputs padded to 16 rows, tl.dot on tensor cores). Each case is timed with
 triton.testing.do_bench_cudagraph (replays of a captured graph, as in a decode step); the table gives, per shape,
-cuBLAS, the best Triton config and minisgl's kernel (minisgl/kernel/gemv.py: the "dot" kernel with a block rule
+cuBLAS, the best Triton config and minisgl's kernel (minisgl/kernel/matmul.py: the "dot" kernel with a block rule
 drawn from this sweep) in us and TB/s of weight read, and what each would save per decode step.
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main() -> None:
         return smoke()
     from triton.testing import do_bench_cudagraph
 
-    from minisgl.kernel.gemv import _blocks, gemv, gemv_supported
+    from minisgl.kernel.matmul import _blocks, gemv, gemv_supported
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     todo, layers = shapes(args.config)
@@ -159,7 +159,7 @@ def main() -> None:
         nbytes = N * K * 2
         us, cfg = best
         ours = float("nan")
-        if gemv_supported(x, w):  # the kernel and block rule in minisgl/kernel/gemv.py (ch08)
+        if gemv_supported(x, w):  # the kernel and block rule in minisgl/kernel/matmul.py (ch08)
             assert torch.equal(gemv(x, w), gemv(x, w))
             ours = do_bench_cudagraph(lambda: gemv(x, w), rep=50) * 1000
         cfg_s = {k: v for k, v in (cfg or {}).items() if k != "kind"}

@@ -1,6 +1,6 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
 from .fused import qk_norm_rope_store, qk_norm_rope_store_supported
-from .gemv import gemv, gemv_supported
+from .matmul import gemv, gemv_supported
 from .store import store_cache
 
 __all__ = ["gemv", "gemv_supported", "qk_norm_rope_store", "qk_norm_rope_store_supported", "store_cache"]

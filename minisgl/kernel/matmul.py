@@ -9,6 +9,7 @@ import torch
 # M = x 的行数（decode 的批大小），N = 输出维，K = 输入维；w: [N, K]，与 nn.Linear 的权重同样按行存
 
 MAX_ROWS = 16  # tl.dot 最小的块是 16 行：x 不足 16 行时补零，多于 16 行时交给 cuBLAS
+_does_not_fit: set = set()  # (N, K)：这块 GPU 的共享内存放不下规则给的分块，以后都交给 cuBLAS
 
 
 @functools.cache
@@ -54,12 +55,13 @@ def _blocks(N: int, K: int) -> Tuple[int, int, int] | None:
 
 
 def gemv_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """有 Triton、在 GPU 上、bf16/fp16；x 是 1–16 行、行内连续；w 连续，形状能被分块整除。"""
+    """有 Triton、在 GPU 上、bf16/fp16；x 是 1–16 行、行内连续；w 连续，形状能被分块整除、分块放得进共享内存。"""
     if _kernel() is None or not x.is_cuda or x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
         return False
     N, K = w.shape
     return (x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16) and x.shape[1] == K
-            and x.stride(1) == 1 and w.is_contiguous() and N * K < 2 ** 31 and _blocks(N, K) is not None)
+            and x.stride(1) == 1 and w.is_contiguous() and N * K < 2 ** 31 and _blocks(N, K) is not None
+            and (N, K) not in _does_not_fit)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,7 +69,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> 
     (M, K), N = x.shape, w.shape[0]
     block_n, block_k, stages = _blocks(N, K)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    _kernel()[(N // block_n,)](x, w, w if bias is None else bias, y, M, K, x.stride(0), y.stride(0),
-                               BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-                               num_warps=4, num_stages=stages)
+    try:
+        _kernel()[(N // block_n,)](x, w, w if bias is None else bias, y, M, K, x.stride(0), y.stride(0),
+                                   BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
+                                   num_warps=4, num_stages=stages)
+    except Exception as e:  # 规则是在 H200 上定的：共享内存小的 GPU（消费级卡约 100 KB）可能放不下
+        if type(e).__name__ != "OutOfResources":
+            raise
+        _does_not_fit.add((N, K))
+        return torch.nn.functional.linear(x, w, bias)
     return y
