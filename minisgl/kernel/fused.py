@@ -2,22 +2,31 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 # T = token 数，H/Hkv = 本 rank 的 q/kv 头数，D = head_dim；qkv 的一行 = [q 的 H 个头 | k 的 Hkv 个 | v 的 Hkv 个]
 
 
-@functools.cache
-def _kernel() -> Any | None:
-    """Triton kernel；没有 Triton（CPU 上的安装）时是 None。每个进程只编译一次，之后按参数特化的版本缓存在磁盘上。"""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+def triton_kernel(build: Callable[[Any, Any], Any]) -> Callable[[], Any]:
+    """装饰器：build(triton, tl) 定义并返回一个 @triton.jit 的 kernel。得到的函数第一次调用时才 import Triton、
+    建 kernel，之后缓存；没有 Triton（CPU 上的安装）时返回 None。kernel 按参数特化的编译结果缓存在磁盘上。"""
 
+    @functools.cache
+    def get() -> Any | None:
+        try:
+            import triton
+            import triton.language as tl
+        except ImportError:
+            return None
+        return build(triton, tl)
+
+    return get
+
+
+@triton_kernel
+def _kernel(triton: Any, tl: Any) -> Any:
     @triton.jit
     def qk_norm_rope_store(qkv, row_stride, positions, out_loc, cos_sin, q_weight, k_weight, eps,
                            k_cache, v_cache, slot_stride,

@@ -1,10 +1,11 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
-import functools
 from typing import Any, Tuple
 
 import torch
+
+from .fused import triton_kernel
 
 # M = x 的行数（decode 的批大小），N = 输出维，K = 输入维；w: [N, K]，与 nn.Linear 的权重同样按行存
 
@@ -12,15 +13,8 @@ MAX_ROWS = 16  # tl.dot 最小的块是 16 行：x 不足 16 行时补零，多�
 _does_not_fit: set = set()  # (N, K)：这块 GPU 的共享内存放不下规则给的分块，以后都交给 cuBLAS
 
 
-@functools.cache
-def _kernel() -> Any | None:
-    """Triton kernel；没有 Triton 时是 None。"""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
-
+@triton_kernel
+def _kernel(triton: Any, tl: Any) -> Any:
     @triton.jit
     def gemv(x, w, bias, y, M, K, x_stride, y_stride,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
