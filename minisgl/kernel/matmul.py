@@ -1,6 +1,7 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
+import functools
 from typing import Any, Tuple
 
 import torch
@@ -36,6 +37,7 @@ def _kernel(triton: Any, tl: Any) -> Any:
     return gemv
 
 
+@functools.cache  # 每个线性层每一步都要问一次：按形状记住
 def _blocks(N: int, K: int) -> Tuple[int, int, int] | None:
     """(BLOCK_N, BLOCK_K, num_stages)：tools/bench_gemv.py 在 H200 上扫描各种分块得出的规则；整除不了时 None。"""
     block_n = 16 if N <= 2048 else 32 if N <= 4096 else 64  # 程序实例 64–384 个（H200 有 132 个 SM）
