@@ -299,3 +299,95 @@ def test_gpu_gemv_falls_back_when_the_blocks_do_not_fit(monkeypatch) -> None:
     assert gemv_module.gemv_supported(x, w)
     assert torch.equal(gemv_module.gemv(x, w), torch.nn.functional.linear(x, w))
     assert not gemv_module.gemv_supported(x, w) and gemv_module._does_not_fit == {(256, 4096)}
+
+
+def _decode_reference(q, k_cache, v_cache, page_table, table_idx, seq_lens) -> torch.Tensor:
+    """float32、逐个请求：把这个请求的 K/V 按页表取出来，GQA 的 kv 头复制 G 份，普通的 softmax 注意力。"""
+    B, H, D = q.shape
+    G = H // k_cache.shape[1]
+    out = torch.empty(B, H, D, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        slots = page_table[table_idx[b], :seq_lens[b]].long()
+        k = k_cache[slots].float().transpose(0, 1).repeat_interleave(G, 0)  # [H, L, D]
+        v = v_cache[slots].float().transpose(0, 1).repeat_interleave(G, 0)
+        w = torch.softmax(torch.einsum("hd,hld->hl", q[b].float(), k) * D ** -0.5, -1)  # [H, L]
+        out[b] = torch.einsum("hl,hld->hd", w, v)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_split_kv_decode_matches_reference(dtype: torch.dtype) -> None:
+    """Triton 的 split-KV decode 与 float32 参照一致：长短不一的请求（1 个 token、正好一段、多一个 token、
+    比 S 段还长）、各种 GQA 分组和 head_dim、引擎会选的 S 和别的 S；不支持的 dtype 和形状被拒绝。"""
+    pytest.importorskip("triton")
+    from minisgl.kernel import split_kv_decode, split_kv_splits, split_kv_supported
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    lens = [1, 63, 64, 65, 700, 4100]
+    for H, Hkv, D in [(32, 8, 128), (16, 8, 128), (9, 3, 64), (4, 4, 64), (64, 4, 128)]:
+        assert split_kv_supported(dtype, H, Hkv, D)
+        B, slots = len(lens), 8192
+        k_cache = torch.randn(slots, Hkv, D, device=dev, dtype=dtype)
+        v_cache = torch.randn(slots, Hkv, D, device=dev, dtype=dtype)
+        page_table = torch.stack([torch.randperm(slots, device=dev)[:4200] for _ in range(B + 2)]).int()
+        table_idx = torch.randperm(B + 2, device=dev)[:B].int()  # 请求不在页表的前几行
+        seq_lens = torch.tensor(lens, device=dev, dtype=torch.int32)
+        q = torch.randn(B, H, D, device=dev, dtype=dtype)
+        ref = _decode_reference(q, k_cache, v_cache, page_table, table_idx, seq_lens)
+        for splits in sorted({1, 4, split_kv_splits(B, Hkv, dev), 64}):
+            got = split_kv_decode(q, k_cache, v_cache, page_table, table_idx, seq_lens, splits, D ** -0.5)
+            assert got.dtype == dtype and got.shape == q.shape
+            _close_bf16(got, ref)
+    assert not split_kv_supported(torch.float32, 32, 8, 128)
+    assert not split_kv_supported(dtype, 34, 2, 128)  # 一个 kv 头带 17 个 q 头
+    assert not split_kv_supported(dtype, 32, 8, 96)  # head_dim 不是 2 的幂
+    assert split_kv_splits(1, 8, dev) >= split_kv_splits(8, 8, dev) >= split_kv_splits(64, 8, dev) == 1
+
+
+@pytest.mark.gpu
+def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> None:
+    """fi 后端：bf16 的 decode 批不大于 16 时走 split-KV，结果与第 6 章的 FlashInfer 路径一致；17 个请求、
+    float32 和 MINISGL_FUSED_KERNELS=0 时仍是 FlashInfer。"""
+    pytest.importorskip("flashinfer")
+    pytest.importorskip("triton")
+    from minisgl.attention import create_attention_backend
+    from minisgl.attention.fi import FlashInferBackend, SplitKVDecode
+    from minisgl.kvcache import MHAKVCache
+
+    torch.manual_seed(0)
+    dev, H, Hkv, D, P = torch.device("cuda"), 16, 4, 128, 16
+    pool = MHAKVCache(1, num_pages=512, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.bfloat16, device=dev)
+    pool.k_cache(0).normal_()
+    pool.v_cache(0).normal_()
+    table = torch.randperm(512 * P, device=dev)[:17 * 320].view(17, 320).int()  # 每个请求 320 个乱序的槽
+
+    def decode_batch(n: int) -> Batch:
+        """n 个 decode 请求，上下文 1–319 个 token（这一步的 token 是最后一个，K/V 已经在池子里）。"""
+        lens = random.Random(n).choices([1, 2, 60, 64, 65, 200, 319], k=n)
+        batch = Batch([Req(torch.zeros(L, dtype=torch.int32), i, L - 1, 4, i) for i, L in enumerate(lens)], "decode")
+        batch.prepare(table)
+        return batch
+
+    def attend(backend, batch: Batch, q: torch.Tensor) -> torch.Tensor:
+        backend.prepare_metadata(batch)
+        with torch.inference_mode():
+            return backend.forward(q, q[:, :Hkv], q[:, :Hkv], 0, batch, save_kv=False)  # [B, H, D]
+
+    fi = create_attention_backend("fi", pool, table, H)
+    for n in (1, 5, 16):
+        batch = decode_batch(n)
+        q = torch.randn(n, H, D, device=dev, dtype=torch.bfloat16)
+        got = attend(fi, batch, q)
+        assert isinstance(batch.attn_metadata.wrapper, SplitKVDecode)
+        want = attend(FlashInferBackend(pool, table, H), batch, q)  # 第 6 章：FlashInfer 的 decode
+        assert not isinstance(batch.attn_metadata.wrapper, SplitKVDecode)
+        _close_bf16(got, want)
+    batch = decode_batch(17)
+    fi.prepare_metadata(batch)
+    assert not isinstance(batch.attn_metadata.wrapper, SplitKVDecode)
+    fp32 = MHAKVCache(1, num_pages=8, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.float32, device=dev)
+    assert not create_attention_backend("fi", fp32, table, H).split_kv
+    monkeypatch.setenv("MINISGL_FUSED_KERNELS", "0")
+    assert not create_attention_backend("fi", pool, table, H).split_kv

@@ -6,7 +6,8 @@
 # mini-sglang's python/ folder @20fcd7f, git-ignored, for the peer benchmark).
 # Knobs: SKIP_TESTS=1 / SKIP_CELLS=1 / SKIP_BENCH=1 leave out a phase; BENCHES picks benchmarks from
 # "decode offline peer hf serving" (default all); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
-# GEMV_SWEEP=1 adds the block-shape sweep of tools/bench_gemv.py.
+# GEMV_SWEEP=1 adds the block-shape sweep of tools/bench_gemv.py; ATTN_SWEEP=1 the split-KV sweep of
+# tools/bench_attention.py.
 # Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
 # inside .build/trees/chNN; NCCL ones when two GPUs are present); the notebook cells tagged gpu (outputs stored
 # back; the notebooks come back under $OUT/notebooks/); the benchmarks, each writing a table (.txt) and JSON.
@@ -61,6 +62,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
      # where the decode step's time goes, kernel by kind inside the graph replay; decode attention alone
     run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
     run bench_attention python3 tools/bench_attention.py
+    # ATTN_SWEEP=1: the split-KV knob sweep kernel/decode.py's defaults come from (a minute or two)
+    [ "${ATTN_SWEEP:-0}" = 1 ] && run bench_attention_sweep python3 tools/bench_attention.py --sweep \
+      --batch-sizes 1 2 4 8 16 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep.json"
     # small-batch matmuls: cuBLAS against minisgl's Triton GEMV (kernel/matmul.py, ch08) per shape; GEMV_SWEEP=1 also
     # sweeps the block shapes the rule was drawn from (a few minutes per config)
     for cfg in qwen3-8b qwen3-0.6b; do

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch06_kvcache.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch06_kvcache.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from typing import Callable
@@ -25,9 +25,9 @@ def _torch(kv_cache: BaseKVCachePool, page_table: torch.Tensor, num_qo_heads: in
 def _fi(kv_cache: BaseKVCachePool, page_table: torch.Tensor, num_qo_heads: int) -> BaseAttnBackend:
     if kv_cache.device.type != "cuda":
         raise ValueError(f"--attn fi needs a CUDA device, but the KV pool is on {kv_cache.device}; use --attn torch")
-    from .fi import FlashInferBackend
+    from .fi import FlashInferSplitKVBackend
 
-    return FlashInferBackend(kv_cache, page_table, num_qo_heads)
+    return FlashInferSplitKVBackend(kv_cache, page_table, num_qo_heads)
 
 
 def create_attention_backend(name: str, kv_cache: BaseKVCachePool, page_table: torch.Tensor,

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch06_kvcache.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch06_kvcache.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 import torch
 
+from minisgl.env import load_env
+from minisgl.kernel import split_kv_decode, split_kv_splits, split_kv_supported
 from minisgl.kvcache import BaseKVCachePool
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -103,3 +105,59 @@ class FlashInferBackend(BaseAttnBackend):
         shape = (-1, 1, self.num_kv_heads, self.head_dim)  # [slots, page_size=1, Hkv, D]
         kv = (self.kv_cache.k_cache(layer_id).view(shape), self.kv_cache.v_cache(layer_id).view(shape))
         return meta.wrapper.run(q, kv)  # [T, H, D]
+
+
+@dataclass
+class SplitKVDecode:
+    """和 FlashInfer 的 wrapper 一样有 run(q, kv)：minisgl 自己的 split-KV decode（kernel/decode.py）。"""
+
+    page_table: torch.Tensor  # [R, L] int32
+    rows: torch.Tensor  # [2, B] int32：每个请求在页表的哪一行、上下文多长
+    splits: int
+    sm_scale: float
+
+    def run(self, q: torch.Tensor, kv: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        k, v = (t.flatten(1, 2) for t in kv)  # [slots, 1, Hkv, D] -> [slots, Hkv, D]
+        return split_kv_decode(q, k, v, self.page_table, self.rows[0], self.rows[1], self.splits, self.sm_scale)
+
+
+class FlashInferSplitKVBackend(FlashInferBackend):
+    """fi 后端：decode 批不大于 MAX_BS 时用 split-KV kernel，prefill 和大批的 decode 仍用 FlashInfer。"""
+
+    MAX_BS = 16  # tools/bench_attention.py 量过、在引擎里验证过的范围：到 16 为止各种上下文长度都比 FlashInfer 快
+
+    def __init__(self, kv_cache: BaseKVCachePool, page_table: torch.Tensor, num_qo_heads: int) -> None:
+        super().__init__(kv_cache, page_table, num_qo_heads)
+        self.split_kv = load_env().fused_kernels and split_kv_supported(
+            kv_cache.dtype, self.num_qo_heads, self.num_kv_heads, self.head_dim)
+
+    def _use_split_kv(self, batch: Batch) -> bool:
+        return self.split_kv and batch.is_decode and batch.padded_size <= self.MAX_BS
+
+    def init_capture_graph(self, max_bs: int, max_seq_len: int) -> None:
+        super().init_capture_graph(max_bs, max_seq_len)
+        self._graph_rows = torch.zeros(2, max_bs, dtype=torch.int32, device=self.device)  # 行号、长度
+
+    def prepare_for_graph(self, batch: Batch) -> None:
+        if not self._use_split_kv(batch):
+            return super().prepare_for_graph(batch)
+        rows = self._graph_rows[:, :batch.padded_size]  # 录图和每次回放都是这块地址
+        rows.copy_(self._rows(batch), non_blocking=True)
+        self._set_split_kv(batch, rows)
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        if not self._use_split_kv(batch):
+            return super().prepare_metadata(batch)
+        self._set_split_kv(batch, self._rows(batch).to(self.device, non_blocking=True))
+
+    @staticmethod
+    def _rows(batch: Batch) -> torch.Tensor:
+        """[2, B] int32，CPU：补齐后每个请求的页表行号和上下文长度。"""
+        reqs = batch.padded_reqs
+        return torch.tensor([[r.table_idx for r in reqs], [r.device_len for r in reqs]], dtype=torch.int32)
+
+    def _set_split_kv(self, batch: Batch, rows: torch.Tensor) -> None:
+        bs = batch.padded_size
+        runner = SplitKVDecode(self.page_table, rows, split_kv_splits(bs, self.num_kv_heads, self.device),
+                               self.head_dim ** -0.5)
+        batch.attn_metadata = FlashInferMetadata(last_indices=torch.arange(bs, device=self.device), wrapper=runner)
