@@ -39,7 +39,7 @@ def run(budget: int) -> Dict[str, float]:
                 uid = 100 + arrived
                 arrived += 1
                 llm._outputs[uid] = []
-                ids = [rng.randrange(100, 20000) for _ in range(1500)]
+                ids = [rng.randrange(100, 20000) for _ in range(960)]
                 llm.receive_msg(UserMsg(uid, torch.tensor(ids, dtype=torch.int32),
                                         SamplingParams(max_tokens=4, ignore_eos=True)))
     gaps = sorted(b - a for u in decode_uids for a, b in zip(llm.times[u], llm.times[u][1:]))

@@ -143,22 +143,22 @@ def test_gpu_engine_fp32_matches_transformers(fixture: str, request) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("fixture", ["tiny_qwen3_hd128", "tiny_llama_hd64"])
 def test_gpu_graph_replay_equals_eager(fixture: str, request) -> None:
-    """同一个批、同一个 FlashInfer plan：回放录好的图与逐个发射同样的 kernel，logits 逐位相同（含补齐的批）。"""
+    """同一个批、同一份注意力元数据：回放录好的图与逐个发射同样的 kernel，logits 逐位相同（含补齐的批）。"""
     pytest.importorskip("flashinfer")
     path = request.getfixturevalue(fixture)
     engine = Engine(EngineConfig(path, device="cuda", dtype="bfloat16", attention_backend="fi", page_size=16,
-                                 num_pages=128, max_running_req=16, max_seq_len_override=512, cuda_graph_max_bs=16))
+                                 num_pages=128, max_running_req=32, max_seq_len_override=512, cuda_graph_max_bs=32))
     try:
-        assert engine.graph_runner.batch_sizes == [1, 2, 4, 8, 16]
+        assert engine.graph_runner.batch_sizes == [1, 2, 4, 8, 16, 24, 32]
         generate(engine, PROMPTS, [SamplingParams(max_tokens=8)] * 4, [0, 1, 2, 3])  # 池子里有真实的 K/V
         table = engine.page_table
-        for bs in (1, 3, 4, 11):  # 3、11 要补齐到 4、16
+        for bs in (1, 3, 4, 11, 27):  # 3、11、27 要补齐到 4、16、32
             reqs = [Req(torch.randint(0, 1000, (40,), dtype=torch.int32), i, 39, 1, i) for i in range(bs)]
             for i in range(bs):  # 每个请求自己的槽：一批里不能有两个 token 写同一个槽
                 table[i, :48] = torch.arange(i * 48, i * 48 + 48)
             batch = Batch(reqs, "decode")
             engine.prepare_batch(batch)
-            assert batch.padded_size == next(b for b in (1, 2, 4, 8, 16) if b >= bs)
+            assert batch.padded_size == next(b for b in (1, 2, 4, 8, 16, 24, 32) if b >= bs)
             with torch.inference_mode(), engine.ctx.forward_batch(batch):
                 replayed = engine.graph_runner.replay(batch).clone()
                 eager = engine.model.forward(batch.input_ids, batch.positions)
@@ -348,20 +348,21 @@ def test_gpu_split_kv_decode_matches_reference(dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> None:
-    """fi 后端：bf16 的 decode 批不大于 16 时走 split-KV，结果与第 6 章的 FlashInfer 路径一致；17 个请求、
+    """fi 后端：bf16 的 decode 批不大于 MAX_BS（32）时走 split-KV，结果与第 6 章的 FlashInfer 路径一致；多一个请求、
     float32 和 MINISGL_FUSED_KERNELS=0 时仍是 FlashInfer。"""
     pytest.importorskip("flashinfer")
     pytest.importorskip("triton")
     from minisgl.attention import create_attention_backend
-    from minisgl.attention.fi import FlashInferBackend, SplitKVDecode
+    from minisgl.attention.fi import FlashInferBackend, FlashInferSplitKVBackend, SplitKVDecode
     from minisgl.kvcache import MHAKVCache
 
     torch.manual_seed(0)
     dev, H, Hkv, D, P = torch.device("cuda"), 16, 4, 128, 16
-    pool = MHAKVCache(1, num_pages=512, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.bfloat16, device=dev)
+    most = FlashInferSplitKVBackend.MAX_BS
+    pool = MHAKVCache(1, num_pages=1024, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.bfloat16, device=dev)
     pool.k_cache(0).normal_()
     pool.v_cache(0).normal_()
-    table = torch.randperm(512 * P, device=dev)[:17 * 320].view(17, 320).int()  # 每个请求 320 个乱序的槽
+    table = torch.randperm(1024 * P, device=dev)[:(most + 1) * 320].view(most + 1, 320).int()  # 每个请求 320 个乱序的槽
 
     def decode_batch(n: int) -> Batch:
         """n 个 decode 请求，上下文 1–319 个 token（这一步的 token 是最后一个，K/V 已经在池子里）。"""
@@ -376,7 +377,7 @@ def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> N
             return backend.forward(q, q[:, :Hkv], q[:, :Hkv], 0, batch, save_kv=False)  # [B, H, D]
 
     fi = create_attention_backend("fi", pool, table, H)
-    for n in (1, 5, 16):
+    for n in (1, 5, 16, most):
         batch = decode_batch(n)
         q = torch.randn(n, H, D, device=dev, dtype=torch.bfloat16)
         got = attend(fi, batch, q)
@@ -384,7 +385,7 @@ def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> N
         want = attend(FlashInferBackend(pool, table, H), batch, q)  # 第 6 章：FlashInfer 的 decode
         assert not isinstance(batch.attn_metadata.wrapper, SplitKVDecode)
         _close_bf16(got, want)
-    batch = decode_batch(17)
+    batch = decode_batch(most + 1)
     fi.prepare_metadata(batch)
     assert not isinstance(batch.attn_metadata.wrapper, SplitKVDecode)
     fp32 = MHAKVCache(1, num_pages=8, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.float32, device=dev)

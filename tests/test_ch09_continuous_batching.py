@@ -3,21 +3,19 @@
 import pytest
 import torch
 
-from conftest import check_batched, collecting_scheduler, mixed_workload
+from conftest import NUM_REQUESTS, check_batched, collecting_scheduler, mixed_workload
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg, BatchBackendMsg, UserMsg
 from minisgl.scheduler import SchedulerConfig
-
-WORKLOAD = mixed_workload()
 
 
 @pytest.mark.parametrize("fixture,cache_type,page_size", [
     ("tiny_qwen3", "radix", 1), ("tiny_qwen3", "radix", 16), ("tiny_qwen3", "naive", 1), ("tiny_qwen3", "naive", 16),
     ("smollm2", "radix", 16)])  # 第 11 章在两个模型上跑全部组合
 def test_batched_equals_alone(fixture: str, cache_type: str, page_size: int, reference, request) -> None:
-    path = request.getfixturevalue(fixture)
-    check_batched(path, *WORKLOAD, reference(path), page_size=page_size, cache_type=cache_type)
+    path, n = request.getfixturevalue(fixture), NUM_REQUESTS[fixture]
+    check_batched(path, *mixed_workload(n=n), reference(path, n), page_size=page_size, cache_type=cache_type)
 
 
 def user(uid: int, n: int, max_tokens: int) -> UserMsg:

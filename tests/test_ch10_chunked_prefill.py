@@ -5,20 +5,18 @@ from typing import List
 import pytest
 import torch
 
-from conftest import check_batched, generate_alone, mixed_workload
+from conftest import NUM_REQUESTS, check_batched, generate_alone, mixed_workload
 from minisgl.core import Batch, SamplingParams
 from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
-WORKLOAD = mixed_workload()
-
 
 @pytest.mark.parametrize("fixture,cache_type,page_size", [
     ("tiny_qwen3", "radix", 1), ("tiny_qwen3", "naive", 16), ("smollm2", "radix", 16)])
-def test_chunked_equals_alone(fixture: str, cache_type: str, page_size: int, request) -> None:
-    path = request.getfixturevalue(fixture)
-    ref = generate_alone(path, *WORKLOAD)
-    check_batched(path, *WORKLOAD, ref, page_size=page_size, cache_type=cache_type, max_extend_tokens=16)
+def test_chunked_equals_alone(fixture: str, cache_type: str, page_size: int, reference, request) -> None:
+    path, n = request.getfixturevalue(fixture), NUM_REQUESTS[fixture]
+    check_batched(path, *mixed_workload(n=n), reference(path, n), page_size=page_size, cache_type=cache_type,
+                  max_extend_tokens=16)
 
 
 class Recorder(Scheduler):

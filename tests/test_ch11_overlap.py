@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import check_batched, collecting_scheduler, generate_alone, mixed_workload
+from conftest import NUM_REQUESTS, check_batched, collecting_scheduler, generate_alone, mixed_workload
 from minisgl.core import SamplingParams
 from minisgl.message import UserMsg
 from minisgl.scheduler import SchedulerConfig
@@ -21,8 +21,8 @@ PAIRWISE = [("radix", 1, 16, False), ("radix", 16, 8192, True), ("naive", 1, 819
 @pytest.mark.parametrize("fixture,cache_type,page_size,budget,overlap",
                          [("tiny_qwen3", *c) for c in COMBOS] + [("smollm2", *c) for c in PAIRWISE])
 def test_every_combination_equals_alone(fixture, cache_type, page_size, budget, overlap, reference, request) -> None:
-    path = request.getfixturevalue(fixture)
-    check_batched(path, *WORKLOAD, reference(path), page_size=page_size, cache_type=cache_type,
+    path, n = request.getfixturevalue(fixture), NUM_REQUESTS[fixture]
+    check_batched(path, *mixed_workload(n=n), reference(path, n), page_size=page_size, cache_type=cache_type,
                   max_extend_tokens=budget, enable_overlap=overlap)
 
 

@@ -93,15 +93,16 @@ class Case:
 
 
 def sweep(batch_sizes: List[int], contexts: List[int], H: int, Hkv: int, D: int) -> Dict[str, Dict[str, dict]]:
-    """split-KV's knobs: S (B·Hkv·S between 64 and 1024 programs), BLOCK_T, MIN_CHUNK (2 stages) for each batch size
-    over all contexts; prints the configs ranked by their mean time relative to each context's best config."""
+    """split-KV's knobs: S (B·Hkv·S between 64 and 1024 programs, and S = 1 always), BLOCK_T, MIN_CHUNK (2 stages) for
+    each batch size over all contexts; prints the configs ranked by their mean time relative to each context's best."""
     results: Dict[str, Dict[str, dict]] = {}
     for bs in batch_sizes:
         table: Dict[tuple, Dict[int, float]] = {}
         for context in contexts:
             case = Case(bs, context, H, Hkv, D)
             for splits, block_t, min_chunk in itertools.product((1, 2, 4, 8, 16, 32, 64), (32, 64, 128), (32, 64)):
-                if not 64 <= bs * Hkv * splits <= 1024 or min_chunk > block_t and min_chunk != 64:
+                programs = bs * Hkv * splits
+                if splits > 1 and not 64 <= programs <= 1024 or min_chunk > block_t and min_chunk != 64:
                     continue
                 table.setdefault((splits, block_t, min_chunk), {})[context] = case.split_kv(
                     splits, block_t=block_t, min_chunk=min_chunk, num_stages=2)

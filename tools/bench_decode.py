@@ -2,7 +2,7 @@
 """Decode step latency of the minisgl engine on a GPU, against the memory-bandwidth floor.
 
     python tools/bench_decode.py [--config tools/configs/qwen3-0.6b.json] [--batch-sizes 1 8 64 256]
-                                 [--context 512] [--graphs 0 256]
+                                 [--context 512] [--graphs 0 256] [--split-kv-max-bs N]
 
 Random bf16 weights in a real config (written once to a temp folder), the fi attention backend. For each
 batch size, bs requests whose first `context` tokens are already in the KV pool take one decode step; the
@@ -89,7 +89,13 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--graphs", type=int, nargs="+", default=[0, 256], help="cuda_graph_max_bs values to compare")
+    ap.add_argument("--split-kv-max-bs", type=int, default=None,
+                    help="the largest decode batch that uses minisgl's split-KV attention (default: the backend's MAX_BS)")
     args = ap.parse_args()
+    from minisgl.attention.fi import FlashInferSplitKVBackend
+
+    if args.split_kv_max_bs is not None:
+        FlashInferSplitKVBackend.MAX_BS = args.split_kv_max_bs
 
     bw = copy_bandwidth()
     folder = Path(tempfile.mkdtemp(prefix="minisgl-bench-"))
@@ -127,7 +133,8 @@ def main() -> None:
         del engine
         torch.cuda.empty_cache()
     name = args.config.stem
-    print(f"\n{name}: decode step, context {args.context} tokens per request, bf16, fi attention, page size 16")
+    print(f"\n{name}: decode step, context {args.context} tokens per request, bf16, fi attention, page size 16, "
+          f"split-KV up to {FlashInferSplitKVBackend.MAX_BS} requests")
     print(f"device copy bandwidth {bw / 1e12:.2f} TB/s; floor = (weights + live KV) / bandwidth")
     print("step = prepare_batch + forward_batch (host work included); forward = forward_batch alone")
     print(f"{'graphs':>7} {'batch':>6} {'step ms':>8} {'forward ms':>10} {'floor ms':>9} {'fwd/floor':>9} "

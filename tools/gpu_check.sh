@@ -65,6 +65,11 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # ATTN_SWEEP=1: the split-KV knob sweep kernel/decode.py's defaults come from (a minute or two)
     [ "${ATTN_SWEEP:-0}" = 1 ] && run bench_attention_sweep python3 tools/bench_attention.py --sweep \
       --batch-sizes 1 2 4 8 16 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep.json"
+    # ... and past the batch sizes it is used for (MAX_BS = 32 in attention/fi.py comes from this and the table)
+    [ "${ATTN_SWEEP:-0}" = 1 ] && run bench_attention_sweep_large python3 tools/bench_attention.py --sweep \
+      --batch-sizes 32 64 128 256 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep_large.json"
+    [ "${ATTN_SWEEP:-0}" = 1 ] && run bench_attention_large python3 tools/bench_attention.py \
+      --batch-sizes 16 32 64 128 256 --contexts 512 4096
     # small-batch matmuls: cuBLAS against minisgl's Triton GEMV (kernel/matmul.py, ch08) per shape; GEMV_SWEEP=1 also
     # sweeps the block shapes the rule was drawn from (a few minutes per config)
     for cfg in qwen3-8b qwen3-0.6b; do

@@ -99,7 +99,7 @@ def main() -> None:
 
 KINDS = [  # (kind, regex on the lower-cased kernel name): the first match wins
     ("qk_norm_rope_store", r"qk_norm_rope_store"),
-    ("attention", r"batchdecode|batchprefill|mergestate|attention"),
+    ("attention", r"batchdecode|batchprefill|mergestate|attention|^split_kv$|^merge$"),  # the last two: kernel/decode.py
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas"),
     ("norm", r"norm"),
     ("rope", r"rope"),
