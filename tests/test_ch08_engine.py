@@ -142,9 +142,15 @@ def test_gpu_engine_fp32_matches_transformers(fixture: str, request) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fixture", ["tiny_qwen3_hd128", "tiny_llama_hd64"])
-def test_gpu_graph_replay_equals_eager(fixture: str, request) -> None:
-    """同一个批、同一份注意力元数据：回放录好的图与逐个发射同样的 kernel，logits 逐位相同（含补齐的批）。"""
+@pytest.mark.parametrize("split_kv", [True, False])
+def test_gpu_graph_replay_equals_eager(fixture: str, split_kv: bool, request, monkeypatch) -> None:
+    """同一个批、同一份注意力元数据：回放录好的图与逐个发射同样的 kernel，logits 逐位相同（含补齐的批）。
+    split_kv=False：MAX_BS 设成 0，decode 全走 FlashInfer（33 个请求以上的批走的那条路）。"""
     pytest.importorskip("flashinfer")
+    from minisgl.attention.fi import FlashInferSplitKVBackend
+
+    if not split_kv:
+        monkeypatch.setattr(FlashInferSplitKVBackend, "MAX_BS", 0)
     path = request.getfixturevalue(fixture)
     engine = Engine(EngineConfig(path, device="cuda", dtype="bfloat16", attention_backend="fi", page_size=16,
                                  num_pages=128, max_running_req=32, max_seq_len_override=512, cuda_graph_max_bs=32))

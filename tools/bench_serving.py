@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -28,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,24 +61,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, extra: List[str]) -> Tuple[subprocess.Popen, str]:
+def start_server(model: str, extra: List[str], log: Path) -> Tuple[subprocess.Popen, str]:
+    """python -m minisgl in its own process group, output to `log`; the caller waits for it (wait_ready)."""
+    port = free_port()
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", model, "--port", str(port), *extra],
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600) -> None:
     import httpx
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", model, "--port", str(port), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
+    deadline = time.time() + timeout
     while True:
         if proc.poll() is not None:
-            sys.exit(f"bench_serving: the server exited with code {proc.returncode}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            sys.exit(f"bench_serving: the server exited with code {proc.returncode}; the end of its log:\n{tail}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
+                return
         except httpx.HTTPError:
             pass
         if time.time() > deadline:
-            sys.exit("bench_serving: the server did not start within 600 s")
+            sys.exit(f"bench_serving: the server did not start within {timeout:.0f} s (log: {log})")
         time.sleep(0.3)
 
 
@@ -202,9 +210,13 @@ def main() -> None:
     prompts = make_prompts(args.num_requests, args.input_len)
     proc = None
     url = args.url
-    if url is None:
-        proc, url = start_server(model, args.server_args.split())
+    # SIGTERM (e.g. from `timeout`) exits through the finally below, which takes the server's process group down too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
+        if url is None:
+            log = Path(tempfile.mkdtemp(prefix="minisgl-bench-serving-")) / "server.log"
+            proc, url = start_server(model, args.server_args.split(), log)
+            wait_ready(proc, url, log)
         asyncio.run(run_clients(url, prompts[: args.concurrency], args.output_len, args.concurrency,
                                 args.api_key))  # warm-up
         before = group_cpu(proc.pid) if proc is not None else {}
@@ -217,7 +229,8 @@ def main() -> None:
             cpu += [(roles[pid], sec - before.get(pid, ("", 0.0, 0))[1]) for pid, (_, sec, _) in after.items()]
     finally:
         if proc is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the server may have died already
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         if tmp:
             import shutil
