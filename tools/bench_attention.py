@@ -122,7 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("H", "HKV"))
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 256])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 128, 256])
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--sweep", action="store_true",
                     help="instead of the table, sweep split-KV's knobs (e.g. --batch-sizes 1 2 4 8 16 --contexts 512 2048 4096)")

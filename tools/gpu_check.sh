@@ -61,15 +61,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       python3 tools/bench_decode.py --config tools/configs/qwen3-0.6b.json --graphs 256
      # where the decode step's time goes, kernel by kind inside the graph replay; decode attention alone
     run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
+    # the table over batch sizes 1-256 is where MAX_BS = 32 in attention/fi.py comes from
     run bench_attention python3 tools/bench_attention.py
-    # ATTN_SWEEP=1: the split-KV knob sweep kernel/decode.py's defaults come from (a minute or two)
-    [ "${ATTN_SWEEP:-0}" = 1 ] && run bench_attention_sweep python3 tools/bench_attention.py --sweep \
-      --batch-sizes 1 2 4 8 16 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep.json"
-    # ... and past the batch sizes it is used for (MAX_BS = 32 in attention/fi.py comes from this and the table)
-    [ "${ATTN_SWEEP:-0}" = 1 ] && run bench_attention_sweep_large python3 tools/bench_attention.py --sweep \
-      --batch-sizes 32 64 128 256 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep_large.json"
-    [ "${ATTN_SWEEP:-0}" = 1 ] && run bench_attention_large python3 tools/bench_attention.py \
-      --batch-sizes 16 32 64 128 256 --contexts 512 4096
+    # ATTN_SWEEP=1: the split-KV knob sweeps kernel/decode.py's defaults come from (a few minutes), and past MAX_BS
+    if [ "${ATTN_SWEEP:-0}" = 1 ]; then
+      run bench_attention_sweep python3 tools/bench_attention.py --sweep \
+        --batch-sizes 1 2 4 8 16 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep.json"
+      run bench_attention_sweep_large python3 tools/bench_attention.py --sweep \
+        --batch-sizes 32 64 128 256 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep_large.json"
+    fi
     # small-batch matmuls: cuBLAS against minisgl's Triton GEMV (kernel/matmul.py, ch08) per shape; GEMV_SWEEP=1 also
     # sweeps the block shapes the rule was drawn from (a few minutes per config)
     for cfg in qwen3-8b qwen3-0.6b; do
