@@ -24,10 +24,11 @@ class Harness:
 
     def __init__(self, model, tp: int, **config) -> None:
         d = tempfile.mkdtemp(prefix="ch14")
-        self.config = SchedulerConfig(model, tp_info=DistributedInfo(0, tp), device="cpu", page_size=4,
-                                      num_pages=1024, max_running_req=8, max_seq_len_override=256,
-                                      zmq_backend_addr=f"ipc://{d}/backend", zmq_detokenizer_addr=f"ipc://{d}/detok",
-                                      zmq_broadcast_addr=f"ipc://{d}/bcast", **config)
+        config = {**dict(device="cpu", page_size=4, num_pages=1024, max_running_req=8, max_seq_len_override=256),
+                  **config}  # 默认在 CPU 上；GPU 的测试换掉 device 等几项
+        self.config = SchedulerConfig(model, tp_info=DistributedInfo(0, tp), zmq_backend_addr=f"ipc://{d}/backend",
+                                      zmq_detokenizer_addr=f"ipc://{d}/detok", zmq_broadcast_addr=f"ipc://{d}/bcast",
+                                      **config)
         self.detok: ZmqPullQueue = ZmqPullQueue(self.config.zmq_detokenizer_addr, create=True)
         self.send: ZmqPushQueue = ZmqPushQueue(self.config.zmq_backend_addr, create=False)
         self.ack = mp.get_context("spawn").Queue()
@@ -80,11 +81,11 @@ class Harness:
 
 @pytest.fixture
 def start(tiny_qwen3):
-    """start(tp) 起一组调度器进程；测试结束时（不论成败）收拾干净。"""
+    """start(tp[, model, **config]) 起一组调度器进程；测试结束时（不论成败）收拾干净。"""
     made: List[Harness] = []
 
-    def make(tp: int) -> Harness:
-        made.append(Harness(tiny_qwen3, tp))
+    def make(tp: int, model=None, **config) -> Harness:
+        made.append(Harness(model or tiny_qwen3, tp, **config))
         assert made[-1].ack.get(timeout=120) == "Scheduler is ready"
         return made[-1]
 
@@ -99,8 +100,9 @@ def _rank_main(config: SchedulerConfig, ack) -> None:
     ack.put((config.tp_info.rank, s.num_received, s.message_digest))
 
 
-def reference(model, prompts, max_tokens: int) -> List[List[int]]:
-    llm = LLM(model, device="cpu", num_pages=1024, max_seq_len_override=256)
+def reference(model, prompts, max_tokens: int, **config) -> List[List[int]]:
+    """离线 LLM（本进程、TP=1）生成的 token：要比的答案。"""
+    llm = LLM(model, **{**dict(device="cpu", num_pages=1024, max_seq_len_override=256), **config})
     try:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         return [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -148,6 +150,26 @@ def test_one_process_tokens_abort_exit(tiny_qwen3, start) -> None:
     assert h.tokens[11] == want[1]
     (rank, n, _), = h.exit()
     assert (rank, n) == (0, len(PROMPTS) + 4)  # 7 个请求、1 条（成批的）中止、ExitMsg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen3_moe"])
+def test_gpu_scheduler_processes_equal_offline(fixture: str, tp: int, start, request) -> None:
+    """GPU 上的调度器进程（TP=1，或 TP=2 经 NCCL）与本进程里的离线 LLM（TP=1）逐 token 相同；各 rank 收到的消息相同。"""
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"needs {tp} GPUs")
+    path = request.getfixturevalue(fixture)
+    gpu = dict(device="cuda", dtype="float32", attention_backend="torch", page_size=16)
+    want = reference(path, PROMPTS, 24, **gpu)
+    assert len({t for ts in want for t in ts}) > 8, "the oracle repeats a few tokens: this test would catch little"
+    h = start(tp, path, **gpu)
+    for uid, p in enumerate(PROMPTS):
+        h.user(uid, p, 24)
+    h.wait(range(len(PROMPTS)))
+    assert [h.tokens[u] for u in range(len(PROMPTS))] == want
+    reports = h.exit()
+    assert [r[0] for r in reports] == list(range(tp)) and len({r[1:] for r in reports}) == 1
 
 
 def test_with_the_tokenizer_process(tiny_qwen3) -> None:

@@ -90,21 +90,31 @@ class FrontendManager:
                                 f"context (--max-seq-len-override)", param="messages", code="context_length_exceeded")
         raise APIError(400, "the prompt is empty after tokenization or cannot be tokenized", param="messages")
 
-    async def wait_for_ack(self, uid: int) -> AsyncIterator[UserReply]:
+    async def wait_for_replies(self, uid: int) -> AsyncIterator[List[UserReply]]:
+        """每次醒来，一次取走这个请求已经到了的所有回复（一个列表）；以 finished 的那条结束。"""
         event = self.event_map[uid]
         try:
             while True:
                 await event.wait()
                 event.clear()
                 pending, self.ack_map[uid] = self.ack_map[uid], []
-                for ack in pending:
-                    yield ack
-                    if ack.finished:
-                        if ack.finish_reason != "error":
-                            self.metrics.observe(ack, time.perf_counter() - self.start_time[uid])
-                        return
+                done = next((i for i, ack in enumerate(pending) if ack.finished), None)
+                if done is None:
+                    yield pending
+                    continue
+                last = pending[done]
+                if last.finish_reason != "error":
+                    self.metrics.observe(last, time.perf_counter() - self.start_time[uid])
+                yield pending[:done + 1]
+                return
         finally:
             self._forget(uid)
+
+    async def wait_for_ack(self, uid: int) -> AsyncIterator[UserReply]:
+        """同上，一条一条地给：不在乎写几次的地方（非流式收集、终端）用它。"""
+        async for replies in self.wait_for_replies(uid):
+            for ack in replies:
+                yield ack
 
     def _forget(self, uid: int) -> None:
         self.ack_map.pop(uid, None)
@@ -119,8 +129,8 @@ class FrontendManager:
             event.set()
 
     async def stream_generate(self, uid: int) -> AsyncIterator[bytes]:
-        async for ack in self.wait_for_ack(uid):
-            yield _sse(ack.incremental_output)
+        async for replies in self.wait_for_replies(uid):
+            yield b"".join(_sse(ack.incremental_output) for ack in replies)
         yield b"data: [DONE]\n\n"
 
     async def stream_chat_completions(self, uid: int, model: str, include_usage: bool,
@@ -130,29 +140,33 @@ class FrontendManager:
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uid}", "object": kind, "created": int(time.time()),
                 "model": model}
         first, last = True, None
-        async for ack in self.wait_for_ack(uid):
-            last = ack
-            if ack.finish_reason == "error":
-                yield _sse({"error": {"message": f"the server is shutting down: {self.dead}",
-                                      "type": "server_error", "param": None, "code": None}})
-                return
-            if chat:
-                delta: Dict[str, str] = {}
-                if first:
-                    delta["role"] = "assistant"
-                    first = False
-                if ack.incremental_output:
-                    delta["content"] = ack.incremental_output
-                choice: Dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
-            else:
-                choice = {"index": 0, "text": ack.incremental_output, "finish_reason": None}
-            yield _sse({**head, "choices": [choice]})
+        async for replies in self.wait_for_replies(uid):
+            frames = []  # 这次醒来拿到的每条回复一个 SSE 事件，合成一次写出
+            for ack in replies:
+                last = ack
+                if ack.finish_reason == "error":
+                    frames.append(_sse({"error": {"message": f"the server is shutting down: {self.dead}",
+                                                  "type": "server_error", "param": None, "code": None}}))
+                    yield b"".join(frames)
+                    return
+                if chat:
+                    delta: Dict[str, str] = {}
+                    if first:
+                        delta["role"] = "assistant"
+                        first = False
+                    if ack.incremental_output:
+                        delta["content"] = ack.incremental_output
+                    choice: Dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+                else:
+                    choice = {"index": 0, "text": ack.incremental_output, "finish_reason": None}
+                frames.append(_sse({**head, "choices": [choice]}))
+            yield b"".join(frames)
         assert last is not None and last.finished
         end: Dict[str, Any] = {"index": 0, "delta": {}} if chat else {"index": 0, "text": ""}
-        yield _sse({**head, "choices": [{**end, "finish_reason": last.finish_reason}]})
+        frames = [_sse({**head, "choices": [{**end, "finish_reason": last.finish_reason}]})]
         if include_usage:  # OpenAI 的约定：最后多一个 choices 为空、只带 usage 的片段
-            yield _sse({**head, "choices": [], "usage": _usage(last)})
-        yield b"data: [DONE]\n\n"
+            frames.append(_sse({**head, "choices": [], "usage": _usage(last)}))
+        yield b"".join(frames) + b"data: [DONE]\n\n"
 
     async def stream_with_cancellation(self, gen: AsyncIterator[bytes], request: Request,
                                        uid: int) -> AsyncIterator[bytes]:
