@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+ROOT = Path(__file__).resolve().parent.parent  # minisgl from this tree, here and in the server it starts
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex every jolly "
          "merchant selling fresh bread in the old market near river bank").split()
 
@@ -68,9 +69,10 @@ def free_port() -> int:
 def start_server(model: str, extra: List[str], log: Path) -> Tuple[subprocess.Popen, str]:
     """python -m minisgl in its own process group, output to `log`; the caller waits for it (wait_ready)."""
     port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", model, "--port", str(port), *extra],
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -180,7 +182,7 @@ def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int
             part = out.get(timeout=0.2)
         except queue.Empty:
             bar.update(done.value - bar.n)
-            if not all(w.is_alive() for w in workers) and out.empty():
+            if any(w.exitcode not in (None, 0) for w in workers) and out.empty():  # finished ones exit with 0
                 raise ClientFailed("a client process died")
             continue
         if isinstance(part, str):
@@ -276,6 +278,7 @@ def main() -> None:
     if not 1 <= client_procs <= min(args.concurrency, args.num_requests):
         ap.error(f"--client-procs {args.client_procs} must be between 1 and --concurrency / --num-requests")
 
+    sys.path.insert(0, str(ROOT))
     from minisgl.utils.hf import resolve_model_path
 
     tmp = None

@@ -100,7 +100,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   fi
   if has serving; then
     [ $cells = 0 ] && run bench_serving python3 tools/bench_serving.py --random-config tools/configs/qwen3-0.6b.json \
-      --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline
+      --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline --client-procs 4
     # one client: TPOT against the batch-1 decode step (the ch15 cell runs 64 clients)
     run bench_serving_c1 python3 tools/bench_serving.py --random-config tools/configs/qwen3-0.6b.json \
       --concurrency 1 --num-requests 16 --input-len 512 --output-len 256 --no-hf-baseline

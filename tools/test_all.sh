@@ -26,6 +26,9 @@ step "steps.py check --static: each chapter's example compiles and imports only 
 step "practice: reference solutions pass, untouched stubs fail"
 "$PY" practice/judge.py --self-check
 
+step "tools: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
+"$PY" tools/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
+
 step "notebooks: every cell runs and prints what it stored (nbval, strict), incl. each chapter's tests; gpu cells skipped on CPU"
 "$PY" tools/book.py nbval
 
