@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,7 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
 
 def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
                  go, done, out) -> None:
-    """One client process (spawned): waits for `go`, runs its share, sends (results, start, end, CPU seconds)."""
+    """One client process (spawned): waits at `go` for the others, runs its share, sends (results, start, end, CPU seconds)."""
     import openai  # noqa: F401  imported before the start line, not inside the measured time
 
     def bump() -> None:
@@ -168,14 +169,16 @@ def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int
         bar.close()
         return results, wall, [time.process_time() - cpu0]
     ctx = mp.get_context("spawn")
-    go, done, out = ctx.Event(), ctx.Value("i", 0), ctx.Queue()
+    go, done, out = ctx.Barrier(procs + 1), ctx.Value("i", 0), ctx.Queue()  # go: all start together
     shares = [(prompts[i::procs], concurrency // procs + (i < concurrency % procs)) for i in range(procs)]
     workers = [ctx.Process(target=_client_proc, args=(url, ps, output_len, c, api_key, go, done, out), daemon=True)
                for ps, c in shares]
     for w in workers:
         w.start()
-    time.sleep(0.5)  # let them import; `go` is what they all wait on
-    go.set()
+    try:
+        go.wait(timeout=120)  # every client has imported its libraries
+    except threading.BrokenBarrierError:
+        raise ClientFailed("a client process did not start") from None
     parts = []
     while len(parts) < procs:
         try:
