@@ -277,8 +277,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.concurrency < 1 or args.num_requests < 1 or args.output_len < 2 or args.input_len < 5:
         ap.error("--concurrency and --num-requests must be >= 1, --output-len >= 2, --input-len >= 5")
-    client_procs = args.client_procs
-    if not 1 <= client_procs <= min(args.concurrency, args.num_requests):
+    if not 1 <= args.client_procs <= min(args.concurrency, args.num_requests):
         ap.error(f"--client-procs {args.client_procs} must be between 1 and --concurrency / --num-requests")
 
     sys.path.insert(0, str(ROOT))
@@ -308,7 +307,7 @@ def main() -> None:
         before = group_cpu(proc.pid) if proc is not None else {}
         try:
             results, wall, client_cpu = run_measured(url, prompts, args.output_len, args.concurrency, args.api_key,
-                                                     client_procs)
+                                                     args.client_procs)
         except ClientFailed as e:
             sys.exit(f"bench_serving: {e}" + (f"; the end of the server's log:\n{log_tail(log, 60)}" if proc else ""))
         cpu = [(f"client {i}" if len(client_cpu) > 1 else "this client", sec) for i, sec in enumerate(client_cpu)]
@@ -331,7 +330,7 @@ def main() -> None:
     name = f"random {args.random_config.stem}" if args.random_config else Path(model).name
     print(f"\nmodel {name}, {args.num_requests} requests, {args.concurrency} concurrent, "
           f"~{args.input_len} prompt tokens, {args.output_len} output tokens each, "
-          f"{client_procs} client process{'es' if client_procs > 1 else ''}")
+          f"{args.client_procs} client process{'es' if args.client_procs > 1 else ''}")
     print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for name, xs in rows:
         print(f"{name:<12}{statistics.mean(xs):>10.3f}{pct(xs, 50):>10.3f}{pct(xs, 90):>10.3f}{pct(xs, 99):>10.3f}")
