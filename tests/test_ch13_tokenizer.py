@@ -199,7 +199,7 @@ def test_routing_in_one_process(tokenizers: Dict[str, Any]) -> None:
 def test_routing_with_a_separate_tokenizer(tokenizers: Dict[str, Any]) -> None:
     """--num-tokenizer N > 0：tokenizer 把登记信息和中止转给 detokenizer，由 detokenizer 通知调度器。"""
     tok = tokenizers["qwen3"]
-    tokenizer, detokenizer = TokenizerLoop(tok, to_detokenizer=True), TokenizerLoop(tok)
+    tokenizer, detokenizer = TokenizerLoop(tok, to_detokenizer=True), TokenizerLoop(tok, wait_for_info=True)
     out = tokenizer.step([TokenizeMsg(1, "Count:", SamplingParams(), stop=["3"])])
     assert out.detokenizer == [DetokenizeInfoMsg(uid=1, prompt_tokens=len(tok.encode("Count:")), stop=["3"])]
     assert [m.uid for m in out.backend] == [1] and not tokenizer.detokenize_manager.states
@@ -209,13 +209,18 @@ def test_routing_with_a_separate_tokenizer(tokenizers: Dict[str, Any]) -> None:
     assert out.detokenizer == [AbortMsg(uid=1)] and not out.backend
     assert detokenizer.step(out.detokenizer).backend == [AbortBackendMsg(uid=1)]
     assert not detokenizer.detokenize_manager.states
-    ids = tok.encode("1 2 3")  # 登记晚于第一个 token 到达：已经解码的不丢，stop 字符串照样生效
-    first = detokenizer.step([DetokenizeMsg(2, ids[0], False)]).frontend
-    detokenizer.step([DetokenizeInfoMsg(uid=2, prompt_tokens=4, stop=["3"])])
-    rest = detokenizer.step([DetokenizeMsg(2, t, False) for t in ids[1:]])
-    assert "".join(r.incremental_output for r in first + rest.frontend) == "1 2 "
-    assert rest.frontend[-1].finish_reason == "stop" and rest.frontend[-1].prompt_tokens == 4
-    assert rest.backend == [AbortBackendMsg(uid=2)]
+    ids = tok.encode("1 2 3 4")  # 全部 token 都先于登记到达（CI 里真碰上过）：先存着，登记一到照样在 stop 前截断
+    steps = [detokenizer.step([DetokenizeMsg(2, t, False)]) for t in ids]
+    assert all(not o.frontend and not o.backend for o in steps) and len(detokenizer.early[2]) == len(ids)
+    out = detokenizer.step([DetokenizeInfoMsg(uid=2, prompt_tokens=4, stop=["3"])])
+    assert "".join(r.incremental_output for r in out.frontend) == "1 2 " and not detokenizer.early
+    assert out.frontend[-1].finish_reason == "stop" and out.frontend[-1].prompt_tokens == 4
+    assert out.backend == [AbortBackendMsg(uid=2)]
+    assert detokenizer.step([DetokenizeMsg(2, 5, False)]).frontend == [] and not detokenizer.early  # 中止之后的丢掉
+    eager = TokenizerLoop(tok)  # 不等登记的话，stop 字符串来不及生效：这就是 wait_for_info 要防的
+    early = eager.step([DetokenizeMsg(3, t, False) for t in ids]).frontend
+    eager.step([DetokenizeInfoMsg(uid=3, prompt_tokens=4, stop=["3"])])
+    assert "".join(r.incremental_output for r in early) == "1 2 3 4" and not any(r.finished for r in early)
 
 
 def unwrap(msg: Any) -> List[Any]:
@@ -234,7 +239,8 @@ def test_worker_over_zmq(tokenizers: Dict[str, Any], num_tokenizer: int) -> None
     common = dict(tokenizer_path=str(qwen3_tokenizer_dir()), backend_addr=backend_addr, frontend_addr=frontend_addr,
                   local_bs=4, ack_queue=ack)
     procs = [ctx.Process(target=tokenize_worker, kwargs=dict(common, addr=detok_addr, create=True,
-                                                            tokenizer_id=num_tokenizer))]
+                                                            tokenizer_id=num_tokenizer,
+                                                            wait_for_info=num_tokenizer > 0))]
     procs += [ctx.Process(target=tokenize_worker, kwargs=dict(common, addr=tok_addr, create=True, tokenizer_id=i,
                                                              detokenizer_addr=detok_addr)) for i in range(num_tokenizer)]
     for p in procs:

@@ -37,8 +37,29 @@ def model_dir(folder: Path, config: Path) -> Path:
     return folder
 
 
+def summarize(files: list[Path]) -> None:
+    """Runs that took turns (gpu_check.sh's BENCHES=ab): each round's tokens/s and minisgl / upstream, and the median."""
+    import statistics
+
+    runs: dict[str, list[float]] = {"minisgl": [], "upstream": []}
+    for f in files:
+        (row,) = json.loads(f.read_text())
+        runs["upstream" if row["engine"].startswith("upstream") else "minisgl"].append(row["tokens"] / row["seconds"])
+    ours, peer = runs["minisgl"], runs["upstream"]
+    if not ours or len(ours) != len(peer):
+        raise SystemExit(f"error: --summarize needs as many minisgl runs as upstream runs, got {len(ours)} and {len(peer)}")
+    print(f"{'round':>5} {'minisgl tok/s':>14} {'upstream tok/s':>15} {'ratio':>6}")
+    for r, (a, b) in enumerate(zip(ours, peer), 1):
+        print(f"{r:>5} {a:>14,.0f} {b:>15,.0f} {a / b:>6.2f}")
+    ratios = [a / b for a, b in zip(ours, peer)]
+    print(f"median: minisgl {statistics.median(ours):,.0f}, upstream {statistics.median(peer):,.0f} tok/s; "
+          f"ratio median {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="print the turns of BENCHES=ab from their JSON files and stop")
     ap.add_argument("--peer", type=Path, default=TOOLS.parent / ".peer" / "python")
     ap.add_argument("--model-dir", type=Path, default=TOOLS.parent / ".peer" / "qwen3-0.6b")
     ap.add_argument("--config", type=Path, default=TOOLS / "configs" / "qwen3-0.6b.json")
@@ -48,6 +69,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.summarize:
+        return summarize(args.summarize)
     if not (args.peer / "minisgl").is_dir():
         raise SystemExit(f"error: --peer {args.peer}: no minisgl package there (put upstream's python/ folder there)")
     if args.overlap == "off":

@@ -114,7 +114,7 @@ def start_backend(server_args: ServerArgs, links: List[NodeLink] | None = None) 
     common = dict(tokenizer_path=str(server_args.model_path), backend_addr=server_args.zmq_backend_addr,
                   frontend_addr=server_args.zmq_frontend_addr, local_bs=1, ack_queue=ack_queue)
     start("minisgl-detokenizer", tokenize_worker, **common, addr=server_args.zmq_detokenizer_addr,
-          create=True, tokenizer_id=n)
+          create=True, tokenizer_id=n, wait_for_info=n > 0)  # token 先于登记到达时等登记（第 13 章）
     for i in range(n):  # 单独的 tokenizer 把 stop 字符串和提示词长度告诉 detokenizer（第 13 章）
         start(f"minisgl-tokenizer-{i}", tokenize_worker, **common, addr=server_args.zmq_tokenizer_addr,
               create=False, tokenizer_id=i, detokenizer_addr=server_args.zmq_detokenizer_addr)

@@ -39,12 +39,16 @@ class DetokenizeManager:
     def add_request(self, uid: int, prompt_tokens: int = 0, stop: Sequence[str] = ()) -> None:
         if uid in self.forgotten:  # 还没开始就已经中止了
             return
-        s = self.states.setdefault(uid, DecodeState())  # 登记比第一个 token 晚到（走的是另一条路）：补上
+        s = self.states.setdefault(uid, DecodeState())  # 第一个 token 已经先到了（不等登记的进程）：补上
         s.stop, s.prompt_tokens = [x for x in stop if x], prompt_tokens
 
     def abort(self, uid: int) -> None:
         self.states.pop(uid, None)
         self._forget(uid)
+
+    def knows(self, uid: int) -> bool:
+        """uid 登记过（还在解码，或者已经中止 / 命中 stop）。"""
+        return uid in self.states or uid in self.forgotten
 
     def _forget(self, uid: int) -> None:
         self.forgotten[uid] = None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from dataclasses import dataclass, field
-from typing import Any, List
+from typing import Any, Dict, List
 
 from minisgl.message import (AbortBackendMsg, AbortMsg, BaseBackendMsg, BaseFrontendMsg, BaseTokenizerMsg,
                              BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg, DetokenizeInfoMsg, DetokenizeMsg,
@@ -30,27 +30,31 @@ class TokenizerLoop:
 
     to_detokenizer=False：这个进程自己反分词（--num-tokenizer 0 时唯一的进程，或者 N > 0 时的 detokenizer）；
     True：单独的 tokenizer 进程，反分词要用的信息和中止请求转给 detokenizer。
+    wait_for_info=True：N > 0 时的 detokenizer。每个请求的登记都会从 tokenizer 来，但和 token 走的是两条路，
+    谁先到没有保证：登记之前到达的 token 先存着，登记一到再按顺序解码。
     """
 
-    def __init__(self, tokenizer: Any, to_detokenizer: bool = False) -> None:
+    def __init__(self, tokenizer: Any, to_detokenizer: bool = False, wait_for_info: bool = False) -> None:
         self.tokenize_manager = TokenizeManager(tokenizer)
         self.detokenize_manager = DetokenizeManager(tokenizer)
         self.to_detokenizer = to_detokenizer
+        self.wait_for_info = wait_for_info
+        self.early: Dict[int, List[DetokenizeMsg]] = {}  # uid → 登记之前就到了的 token
 
     def step(self, msgs: List[BaseTokenizerMsg]) -> Outbox:
         out = Outbox()
         for msg in msgs:  # 按到达顺序：同一个 uid 的登记、token、中止不会颠倒
             if isinstance(msg, DetokenizeMsg):
-                reply = self.detokenize_manager.detokenize(msg)
-                if reply is None:
-                    continue
-                out.frontend.append(reply)
-                if reply.finished and not msg.finished:  # stop 字符串命中：调度器还在生成，让它停下
-                    out.backend.append(AbortBackendMsg(uid=msg.uid))
+                if self.wait_for_info and not self.detokenize_manager.knows(msg.uid):
+                    self.early.setdefault(msg.uid, []).append(msg)  # 登记还在路上
+                else:
+                    self._detokenize(msg, out)
             elif isinstance(msg, TokenizeMsg):
                 self._tokenize(msg, out)
             elif isinstance(msg, DetokenizeInfoMsg):
                 self.detokenize_manager.add_request(msg.uid, msg.prompt_tokens, msg.stop)
+                for early in self.early.pop(msg.uid, []):
+                    self._detokenize(early, out)
             elif isinstance(msg, AbortMsg):
                 if self.to_detokenizer:  # 由 detokenizer 忘掉状态、通知调度器：和它收到的登记消息同一条路
                     out.detokenizer.append(msg)
@@ -60,6 +64,14 @@ class TokenizerLoop:
             else:
                 raise TypeError(f"a tokenizer process cannot handle {type(msg).__name__}")
         return out
+
+    def _detokenize(self, msg: DetokenizeMsg, out: Outbox) -> None:
+        reply = self.detokenize_manager.detokenize(msg)
+        if reply is None:
+            return
+        out.frontend.append(reply)
+        if reply.finished and not msg.finished:  # stop 字符串命中：调度器还在生成，让它停下
+            out.backend.append(AbortBackendMsg(uid=msg.uid))
 
     def _tokenize(self, msg: TokenizeMsg, out: Outbox) -> None:
         try:
@@ -87,10 +99,11 @@ def _batch(msgs: List[Any], batch_cls: type) -> Any:
 
 def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addr: str,
                     local_bs: int = 1, tokenizer_id: int = 0, ack_queue: mp.Queue | None = None,
-                    detokenizer_addr: str | None = None) -> None:
+                    detokenizer_addr: str | None = None, wait_for_info: bool = False) -> None:
     """一个分词进程的主循环：从 addr 收消息，UserMsg / AbortBackendMsg 发给调度器，UserReply 发给 API Server。
 
     detokenizer_addr=None：这个进程自己反分词；否则它是单独的 tokenizer，把登记信息和中止请求转到那里。
+    wait_for_info：这个进程是有单独 tokenizer 时的 detokenizer，每个请求的 token 都等它的登记（见 TokenizerLoop）。
     local_bs：凑够这么多条消息（或者队列空了）再处理一批。
     """
     if local_bs < 1:
@@ -99,7 +112,8 @@ def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_add
     send_backend: ZmqPushQueue[BaseBackendMsg] = ZmqPushQueue(backend_addr, create=False)
     send_frontend: ZmqPushQueue[BaseFrontendMsg] = ZmqPushQueue(frontend_addr, create=False)
     send_detokenizer = None if detokenizer_addr is None else ZmqPushQueue(detokenizer_addr, create=False)
-    loop = TokenizerLoop(load_tokenizer(tokenizer_path), to_detokenizer=send_detokenizer is not None)
+    loop = TokenizerLoop(load_tokenizer(tokenizer_path), to_detokenizer=send_detokenizer is not None,
+                         wait_for_info=wait_for_info)
     role = "tokenizer" if send_detokenizer is not None else "detokenizer"
     if ack_queue is not None:
         ack_queue.put(f"Tokenizer {tokenizer_id} ({role}) is ready")
