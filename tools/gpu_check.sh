@@ -6,7 +6,8 @@
 # mini-sglang's python/ folder @20fcd7f, git-ignored, for the peer benchmark).
 # Knobs: SKIP_TESTS=1 / SKIP_CELLS=1 / SKIP_BENCH=1 leave out a phase; BENCHES picks benchmarks from
 # "decode offline peer hf serving" (default all) and "ab" (minisgl and upstream taking turns on the offline
-# workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
+# workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare); BENCH_CONFIGS picks
+# configs for decode (qwen3-0.6b qwen3-8b);
 # GEMV_SWEEP=1 adds the block-shape sweep of tools/bench_gemv.py; ATTN_SWEEP=1 the split-KV sweep of
 # tools/bench_attention.py.
 # Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
@@ -100,7 +101,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     run bench_peer_no_overlap python3 tools/bench_peer.py --overlap off --json "$OUT/offline_upstream_no_overlap.json"
   fi
   if has ab && [ -d .peer/python/minisgl ]; then  # turns, so that drift over the lease hits both alike
-    for r in $(seq "${AB_ROUNDS:-3}"); do
+    for r in $(seq -w "${AB_ROUNDS:-3}"); do  # -w: 01..10 sort as rounds
       run "ab_minisgl_$r" python3 tools/bench_offline.py --gpu --variants overlap=on --no-hf --no-hf-cb \
         --json "$OUT/ab_minisgl_$r.json"
       run "ab_upstream_$r" python3 tools/bench_peer.py --json "$OUT/ab_upstream_$r.json"
