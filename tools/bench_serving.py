@@ -70,7 +70,9 @@ def free_port() -> int:
 def start_server(model: str, extra: List[str], log: Path) -> Tuple[subprocess.Popen, str]:
     """python -m minisgl in its own process group, output to `log`; the caller waits for it (wait_ready)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    # PYTHONSAFEPATH (Python 3.11+): `-m` would put the working directory first, and a minisgl there would win
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "PYTHONSAFEPATH": "1"}
     with open(log, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", model, "--port", str(port), *extra],
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
