@@ -17,6 +17,7 @@ from minisgl.scheduler import SchedulerConfig, run_scheduler_process, start_sche
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 PROMPTS = [[100 + 7 * i + j for j in range(3 + 4 * i)] for i in range(5)]  # 5 个长短不一的提示词
+SMALL = dict(device="cpu", num_pages=1024, max_seq_len_override=256)  # 离线 LLM 和调度器进程共用的小配置
 
 
 class Harness:
@@ -24,8 +25,7 @@ class Harness:
 
     def __init__(self, model, tp: int, **config) -> None:
         d = tempfile.mkdtemp(prefix="ch14")
-        config = {**dict(device="cpu", page_size=4, num_pages=1024, max_running_req=8, max_seq_len_override=256),
-                  **config}  # 默认在 CPU 上；GPU 的测试换掉 device 等几项
+        config = {**SMALL, "page_size": 4, "max_running_req": 8, **config}  # GPU 的测试换掉 device 等几项
         self.config = SchedulerConfig(model, tp_info=DistributedInfo(0, tp), zmq_backend_addr=f"ipc://{d}/backend",
                                       zmq_detokenizer_addr=f"ipc://{d}/detok", zmq_broadcast_addr=f"ipc://{d}/bcast",
                                       **config)
@@ -102,7 +102,7 @@ def _rank_main(config: SchedulerConfig, ack) -> None:
 
 def reference(model, prompts, max_tokens: int, **config) -> List[List[int]]:
     """离线 LLM（本进程、TP=1）生成的 token：要比的答案。"""
-    llm = LLM(model, **{**dict(device="cpu", num_pages=1024, max_seq_len_override=256), **config})
+    llm = LLM(model, **{**SMALL, **config})
     try:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         return [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -179,11 +179,11 @@ def test_with_the_tokenizer_process(tiny_qwen3) -> None:
 
     texts = ["你好，", "The capital of France is", "1, 2, 3,"]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
-    llm = LLM(tiny_qwen3, device="cpu", num_pages=1024, max_seq_len_override=256)
+    llm = LLM(tiny_qwen3, **SMALL)
     want = [o["text"] for o in llm.generate(texts, params, use_tqdm=False)]
     llm.shutdown()
     d = tempfile.mkdtemp(prefix="ch14")
-    config = SchedulerConfig(tiny_qwen3, device="cpu", num_pages=1024, max_seq_len_override=256,
+    config = SchedulerConfig(tiny_qwen3, **SMALL,
                              zmq_backend_addr=f"ipc://{d}/backend", zmq_detokenizer_addr=f"ipc://{d}/detok")
     frontend: ZmqPullQueue = ZmqPullQueue(f"ipc://{d}/frontend", create=True)
     ctx = mp.get_context("spawn")

@@ -35,6 +35,7 @@ class TokenizerLoop:
     """
 
     def __init__(self, tokenizer: Any, to_detokenizer: bool = False, wait_for_info: bool = False) -> None:
+        assert not (to_detokenizer and wait_for_info), "a tokenizer that forwards registrations gets none itself"
         self.tokenize_manager = TokenizeManager(tokenizer)
         self.detokenize_manager = DetokenizeManager(tokenizer)
         self.to_detokenizer = to_detokenizer
