@@ -145,7 +145,7 @@ def test_gpu_engine_fp32_matches_transformers(fixture: str, request) -> None:
 @pytest.mark.parametrize("split_kv", [True, False])
 def test_gpu_graph_replay_equals_eager(fixture: str, split_kv: bool, request, monkeypatch) -> None:
     """同一个批、同一份注意力元数据：回放录好的图与逐个发射同样的 kernel，logits 逐位相同（含补齐的批）。
-    split_kv=False：MAX_BS 设成 0，decode 全走 FlashInfer（33 个请求以上的批走的那条路）。"""
+    split_kv=False：MAX_BS 设成 0，decode 全走 FlashInfer（65 个请求以上的批走的那条路）。"""
     pytest.importorskip("flashinfer")
     from minisgl.attention.fi import FlashInferSplitKVBackend
 
@@ -153,18 +153,19 @@ def test_gpu_graph_replay_equals_eager(fixture: str, split_kv: bool, request, mo
         monkeypatch.setattr(FlashInferSplitKVBackend, "MAX_BS", 0)
     path = request.getfixturevalue(fixture)
     engine = Engine(EngineConfig(path, device="cuda", dtype="bfloat16", attention_backend="fi", page_size=16,
-                                 num_pages=128, max_running_req=32, max_seq_len_override=512, cuda_graph_max_bs=32))
+                                 num_pages=256, max_running_req=64, max_seq_len_override=512, cuda_graph_max_bs=64))
     try:
-        assert engine.graph_runner.batch_sizes == [1, 2, 4, 8, 16, 24, 32]
+        sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+        assert engine.graph_runner.batch_sizes == sizes
         generate(engine, PROMPTS, [SamplingParams(max_tokens=8)] * 4, [0, 1, 2, 3])  # 池子里有真实的 K/V
         table = engine.page_table
-        for bs in (1, 3, 4, 11, 27):  # 3、11、27 要补齐到 4、16、32
+        for bs in (1, 3, 4, 11, 27, 45, 64):  # 3、11、27、45 要补齐到 4、16、32、48
             reqs = [Req(torch.randint(0, 1000, (40,), dtype=torch.int32), i, 39, 1, i) for i in range(bs)]
             for i in range(bs):  # 每个请求自己的槽：一批里不能有两个 token 写同一个槽
                 table[i, :48] = torch.arange(i * 48, i * 48 + 48)
             batch = Batch(reqs, "decode")
             engine.prepare_batch(batch)
-            assert batch.padded_size == next(b for b in (1, 2, 4, 8, 16, 24, 32) if b >= bs)
+            assert batch.padded_size == next(b for b in sizes if b >= bs)
             with torch.inference_mode(), engine.ctx.forward_batch(batch):
                 replayed = engine.graph_runner.replay(batch).clone()
                 eager = engine.model.forward(batch.input_ids, batch.positions)
@@ -325,7 +326,7 @@ def _decode_reference(q, k_cache, v_cache, page_table, table_idx, seq_lens) -> t
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_split_kv_decode_matches_reference(dtype: torch.dtype) -> None:
     """Triton 的 split-KV decode 与 float32 参照一致：长短不一的请求（1 个 token、正好一段、多一个 token、
-    比 S 段还长）、各种 GQA 分组和 head_dim、引擎会选的 S 和别的 S；不支持的 dtype 和形状被拒绝。"""
+    比 S 段还长）、各种 GQA 分组和 head_dim、引擎会选的 S 和别的 S、两种块大小；不支持的 dtype 和形状被拒绝。"""
     pytest.importorskip("triton")
     from minisgl.kernel import split_kv_decode, split_kv_splits, split_kv_supported
 
@@ -343,9 +344,11 @@ def test_gpu_split_kv_decode_matches_reference(dtype: torch.dtype) -> None:
         q = torch.randn(B, H, D, device=dev, dtype=dtype)
         ref = _decode_reference(q, k_cache, v_cache, page_table, table_idx, seq_lens)
         for splits in sorted({1, 4, split_kv_splits(B, Hkv, dev), 64}):
-            got = split_kv_decode(q, k_cache, v_cache, page_table, table_idx, seq_lens, splits, D ** -0.5)
-            assert got.dtype == dtype and got.shape == q.shape
-            _close_bf16(got, ref)
+            for block_t in (64, 128):  # _tiles 按实例数在两者之间挑
+                got = split_kv_decode(q, k_cache, v_cache, page_table, table_idx, seq_lens, splits, D ** -0.5,
+                                      block_t=block_t)
+                assert got.dtype == dtype and got.shape == q.shape
+                _close_bf16(got, ref)
     assert not split_kv_supported(torch.float32, 32, 8, 128)
     assert not split_kv_supported(dtype, 34, 2, 128)  # 一个 kv 头带 17 个 q 头
     assert not split_kv_supported(dtype, 32, 8, 96)  # head_dim 不是 2 的幂
@@ -354,8 +357,8 @@ def test_gpu_split_kv_decode_matches_reference(dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> None:
-    """fi 后端：bf16 的 decode 批不大于 MAX_BS（32）时走 split-KV，结果与第 6 章的 FlashInfer 路径一致；多一个请求、
-    float32 和 MINISGL_FUSED_KERNELS=0 时仍是 FlashInfer。"""
+    """fi 后端：bf16 的 decode 批不大于 MAX_BS（64）时走 split-KV，结果与第 6 章的 FlashInfer 路径一致；多一个请求、
+    float32 和 MINISGL_FUSED_KERNELS=0 时仍是 FlashInfer。8 个 kv 头：H200 上 64 个请求是 512 个实例，走 64 个 token 的块。"""
     pytest.importorskip("flashinfer")
     pytest.importorskip("triton")
     from minisgl.attention import create_attention_backend
@@ -363,12 +366,12 @@ def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> N
     from minisgl.kvcache import MHAKVCache
 
     torch.manual_seed(0)
-    dev, H, Hkv, D, P = torch.device("cuda"), 16, 4, 128, 16
+    dev, H, Hkv, D, P = torch.device("cuda"), 16, 8, 128, 16
     most = FlashInferSplitKVBackend.MAX_BS
-    pool = MHAKVCache(1, num_pages=1024, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.bfloat16, device=dev)
+    pool = MHAKVCache(1, num_pages=2048, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.bfloat16, device=dev)
     pool.k_cache(0).normal_()
     pool.v_cache(0).normal_()
-    table = torch.randperm(1024 * P, device=dev)[:(most + 1) * 320].view(most + 1, 320).int()  # 每个请求 320 个乱序的槽
+    table = torch.randperm(2048 * P, device=dev)[:(most + 1) * 320].view(most + 1, 320).int()  # 每个请求 320 个乱序的槽
 
     def decode_batch(n: int) -> Batch:
         """n 个 decode 请求，上下文 1–319 个 token（这一步的 token 是最后一个，K/V 已经在池子里）。"""
@@ -383,7 +386,7 @@ def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> N
             return backend.forward(q, q[:, :Hkv], q[:, :Hkv], 0, batch, save_kv=False)  # [B, H, D]
 
     fi = create_attention_backend("fi", pool, table, H)
-    for n in (1, 5, 16, most):
+    for n in (1, 5, 16, 40, most):
         batch = decode_batch(n)
         q = torch.randn(n, H, D, device=dev, dtype=torch.bfloat16)
         got = attend(fi, batch, q)

@@ -89,10 +89,12 @@ def split_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device) ->
 
 
 @functools.cache
-def _tiles(head_dim: int, elt: int, device: torch.device) -> Tuple[int, int]:
-    """(BLOCK_T, num_stages)：每轮读的 token 数和流水线级数。K、V 各一块 [BLOCK_T, D]，每级两块都要放进共享内存。"""
-    block_t = 128 if head_dim <= 128 else 64
-    smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+def _tiles(head_dim: int, elt: int, programs: int, device: torch.device) -> Tuple[int, int]:
+    """(BLOCK_T, num_stages)：每轮读的 token 数和流水线级数。K、V 各一块 [BLOCK_T, D]，每级两块都要放进共享内存。
+    程序实例多于 SM 数的 3 倍时块减半（H200、Hkv = 8：多于 48 个请求）：扫描里 56、64 个请求时快 9–21%。"""
+    props = torch.cuda.get_device_properties(device)
+    block_t = 128 if head_dim <= 128 and programs <= 3 * props.multi_processor_count else 64
+    smem = props.shared_memory_per_block_optin
     return block_t, 2 if 2 * 2 * block_t * head_dim * elt <= smem - 16384 else 1
 
 
@@ -114,7 +116,7 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Hkv = k_cache.shape[1]
     assert q.stride(2) == 1 and q.stride(1) == D and k_cache.stride(1) == D and k_cache.stride() == v_cache.stride()
     split_kv, merge = _kernels()
-    auto_t, auto_stages = _tiles(D, q.element_size(), q.device)
+    auto_t, auto_stages = _tiles(D, q.element_size(), B * Hkv * splits, q.device)
     block_t, num_stages = block_t or auto_t, num_stages or auto_stages
     out = torch.empty_like(q)
     if splits > 1:
