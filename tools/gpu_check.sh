@@ -63,14 +63,14 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       python3 tools/bench_decode.py --config tools/configs/qwen3-0.6b.json --graphs 256
      # where the decode step's time goes, kernel by kind inside the graph replay; decode attention alone
     run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
-    # the table over batch sizes 1-256 is where MAX_BS = 32 in attention/fi.py comes from
+    # the table over batch sizes 1-256 is where MAX_BS = 64 in attention/fi.py comes from
     run bench_attention python3 tools/bench_attention.py
     # ATTN_SWEEP=1: the split-KV knob sweeps kernel/decode.py's defaults come from (a few minutes), and past MAX_BS
     if [ "${ATTN_SWEEP:-0}" = 1 ]; then
       run bench_attention_sweep python3 tools/bench_attention.py --sweep \
         --batch-sizes 1 2 4 8 16 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep.json"
       run bench_attention_sweep_large python3 tools/bench_attention.py --sweep \
-        --batch-sizes 32 64 128 256 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep_large.json"
+        --batch-sizes 32 40 48 56 64 128 256 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep_large.json"
     fi
     # small-batch matmuls: cuBLAS against minisgl's Triton GEMV (kernel/matmul.py, ch08) per shape; GEMV_SWEEP=1 also
     # sweeps the block shapes the rule was drawn from (a few minutes per config)
@@ -101,6 +101,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     run bench_peer_no_overlap python3 tools/bench_peer.py --overlap off --json "$OUT/offline_upstream_no_overlap.json"
   fi
   if has ab && [ -d .peer/python/minisgl ]; then  # turns, so that drift over the lease hits both alike
+    # upstream's first run on a fresh machine was 2-3 s slower, twice (most likely FlashInfer compiling its own kernel
+    # variants, which fi_warmup does not build, inside the timed run): one untimed run of 16 sequences first
+    run ab_upstream_warmup python3 tools/bench_peer.py --num-seqs 16
     for r in $(seq -w "${AB_ROUNDS:-3}"); do  # -w: 01..10 sort as rounds
       run "ab_minisgl_$r" python3 tools/bench_offline.py --gpu --variants overlap=on --no-hf --no-hf-cb \
         --json "$OUT/ab_minisgl_$r.json"
