@@ -371,7 +371,8 @@ def test_gpu_fi_backend_uses_split_kv_for_small_decode_batches(monkeypatch) -> N
     pool = MHAKVCache(1, num_pages=2048, page_size=P, num_kv_heads=Hkv, head_dim=D, dtype=torch.bfloat16, device=dev)
     pool.k_cache(0).normal_()
     pool.v_cache(0).normal_()
-    table = torch.randperm(2048 * P, device=dev)[:(most + 1) * 320].view(most + 1, 320).int()  # 每个请求 320 个乱序的槽
+    pages = torch.randperm(2048, device=dev)[:(most + 1) * 20].view(most + 1, 20, 1)  # 每个请求 20 个乱序的页
+    table = (pages * P + torch.arange(P, device=dev)).flatten(1).int()  # [65, 320]：页内的槽连续，和分配器给的一样
 
     def decode_batch(n: int) -> Batch:
         """n 个 decode 请求，上下文 1–319 个 token（这一步的 token 是最后一个，K/V 已经在池子里）。"""

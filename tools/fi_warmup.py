@@ -6,7 +6,7 @@
 FlashInfer 0.6 compiles each kernel family with nvcc on first use (tens of seconds each, one after another
 when the engine meets them). Here each family is compiled by its own process, in parallel; the results land
 in FlashInfer's cache (~/.cache/flashinfer, or $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) for every later
-process. Families: paged prefill / tensor-core decode (bf16, per head_dim), rmsnorm + fused_add_rmsnorm,
+process. Families: paged prefill and tensor-core decode (bf16, per head_dim, each its own process), rmsnorm + fused_add_rmsnorm,
 RoPE with a cos/sin cache, silu_and_mul.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ import multiprocessing as mp
 import time
 
 
-def _attention(head_dim: int) -> None:
+def _attention(head_dim: int, kind: str) -> None:
+    """kind "decode" (the tensor-core decode) or "prefill": two processes, since each is a long nvcc build."""
     import flashinfer
     import torch
 
@@ -25,13 +26,15 @@ def _attention(head_dim: int) -> None:
     k = torch.randn(64, 1, 2, head_dim, device=dev, dtype=dt)
     indptr, indices, last = (torch.tensor([0, 8], dtype=torch.int32), torch.arange(8, dtype=torch.int32, device=dev),
                              torch.ones(1, dtype=torch.int32))
-    dec = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
-    dec.plan(indptr, indices, last, 4, 2, head_dim, 1, q_data_type=dt, kv_data_type=dt)
-    dec.run(torch.randn(1, 4, head_dim, device=dev, dtype=dt), (k, k))
-    pre = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-    pre.plan(torch.tensor([0, 8], dtype=torch.int32), indptr, indices, last, 4, 2, head_dim, 1, causal=True,
-             q_data_type=dt, kv_data_type=dt)
-    pre.run(torch.randn(8, 4, head_dim, device=dev, dtype=dt), (k, k))
+    if kind == "decode":
+        dec = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+        dec.plan(indptr, indices, last, 4, 2, head_dim, 1, q_data_type=dt, kv_data_type=dt)
+        dec.run(torch.randn(1, 4, head_dim, device=dev, dtype=dt), (k, k))
+    else:
+        pre = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        pre.plan(torch.tensor([0, 8], dtype=torch.int32), indptr, indices, last, 4, 2, head_dim, 1, causal=True,
+                 q_data_type=dt, kv_data_type=dt)
+        pre.run(torch.randn(8, 4, head_dim, device=dev, dtype=dt), (k, k))
     torch.cuda.synchronize()
 
 
@@ -70,7 +73,7 @@ def main() -> None:
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
-    jobs = [(f"attention head_dim {d}", _attention, (d,)) for d in args.head_dims]
+    jobs = [(f"{kind} head_dim {d}", _attention, (d, kind)) for d in args.head_dims for kind in ("decode", "prefill")]
     jobs += [("rmsnorm", _norm, ()), ("rope", _rope, ()), ("silu_and_mul", _act, ())]
     t0 = time.time()
     procs = [(name, ctx.Process(target=fn, args=a)) for name, fn, a in jobs]

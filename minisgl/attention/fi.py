@@ -25,12 +25,12 @@ class FlashInferMetadata(BaseAttnMetadata):
 
 
 class FlashInferBackend(BaseAttnBackend):
-    """FlashInfer 的 paged prefill / decode。池子当作 page_size=1 来读：页表里本来就是逐 token 的槽号。"""
+    """FlashInfer 的 paged prefill / decode，按池子真实的页大小读：页 p 是槽 p·P … p·P+P-1，连续的一块。"""
 
     def __init__(self, kv_cache: BaseKVCachePool, page_table: torch.Tensor, num_qo_heads: int) -> None:
         import flashinfer  # 只在 GPU 上需要：CPU 安装不必有它
 
-        self.kv_cache, self.page_table = kv_cache, page_table
+        self.kv_cache, self.page_table, self.page_size = kv_cache, page_table, kv_cache.page_size
         k0 = kv_cache.k_cache(0)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, k0.shape[1], k0.shape[2]
         self.device = kv_cache.device
@@ -47,7 +47,7 @@ class FlashInferBackend(BaseAttnBackend):
         """decode 的 indptr / indices / last_page_len 缓冲区：一次分配，所有批大小共用，地址从此不变。"""
         dev = self.device
         self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
-        self._graph_indices = torch.zeros(max_bs * max_seq_len, dtype=torch.int32, device=dev)
+        self._graph_indices = torch.zeros(max_bs * -(-max_seq_len // self.page_size), dtype=torch.int32, device=dev)
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
 
     def prepare_for_graph(self, batch: Batch) -> None:
@@ -61,38 +61,41 @@ class FlashInferBackend(BaseAttnBackend):
                 paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs])
         self._plan_decode(batch, self.graph_wrappers[bs])
 
-    def _kv_indices(self, reqs: List[Req]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(kv_indptr [B+1] int32 CPU, kv_indices [N] int32 设备上)：每个请求的全部槽号首尾相接。"""
-        seq_lens = [r.device_len for r in reqs]
+    def _kv_indices(self, reqs: List[Req]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """每个请求的页号首尾相接：(kv_indptr [B+1] int32 CPU, kv_indices [N] int32 设备上, last_page_len [B] int32
+        CPU)。N = 各请求页数之和；页号从页表每页的第一个槽号来（槽号 // P），最后一页只用了 last_page_len 个槽。"""
+        P = self.page_size
+        lens = [r.device_len for r in reqs]
+        pages = [-(-n // P) for n in lens]
         indptr = torch.zeros(len(reqs) + 1, dtype=torch.int32)
-        indptr[1:] = torch.tensor(seq_lens).cumsum(0)
+        indptr[1:] = torch.tensor(pages).cumsum(0)
         total = int(indptr[-1])
-        host = torch.tensor([[r.table_idx for r in reqs], seq_lens, indptr[:-1].tolist()])  # [3, B]
-        rows, lens, starts = host.to(self.device, non_blocking=True).unbind(0)
-        row_of = torch.repeat_interleave(rows, lens, output_size=total)  # [N]
-        col_of = torch.arange(total, device=self.device) - torch.repeat_interleave(starts, lens, output_size=total)
-        return indptr, self.page_table[row_of, col_of]  # [N] int32
+        host = torch.tensor([[r.table_idx for r in reqs], pages, indptr[:-1].tolist()])  # [3, B]
+        rows, npages, starts = host.to(self.device, non_blocking=True).unbind(0)
+        row_of = torch.repeat_interleave(rows, npages, output_size=total)  # [N]
+        page_of = torch.arange(total, device=self.device) - torch.repeat_interleave(starts, npages, output_size=total)
+        first_slots = self.page_table[row_of, page_of * P]  # [N] int32：每页第一个槽
+        last_page_len = torch.tensor([n - (k - 1) * P for n, k in zip(lens, pages)], dtype=torch.int32)
+        return indptr, first_slots // P if P > 1 else first_slots, last_page_len
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
         if batch.is_decode:
             return self._plan_decode(batch, self.decode_wrapper)
-        indptr, indices = self._kv_indices(reqs)
-        last_page_len = torch.ones(len(reqs), dtype=torch.int32)  # page_size=1：每页都是满的
+        indptr, indices, last_page_len = self._kv_indices(reqs)
         dtype = self.kv_cache.dtype
         qo_indptr = torch.zeros(len(reqs) + 1, dtype=torch.int32)
         qo_indptr[1:] = torch.tensor([r.extend_len for r in reqs]).cumsum(0)
         self.prefill_wrapper.plan(qo_indptr, indptr, indices, last_page_len, self.num_qo_heads, self.num_kv_heads,
-                                  self.head_dim, 1, causal=True, q_data_type=dtype, kv_data_type=dtype)
+                                  self.head_dim, self.page_size, causal=True, q_data_type=dtype, kv_data_type=dtype)
         last = (qo_indptr[1:] - 1).to(self.device, non_blocking=True).long()  # [B]
         batch.attn_metadata = FlashInferMetadata(last_indices=last, wrapper=self.prefill_wrapper)
 
     def _plan_decode(self, batch: Batch, wrapper: Any) -> None:
-        indptr, indices = self._kv_indices(batch.padded_reqs)
-        last_page_len = torch.ones(batch.padded_size, dtype=torch.int32)
+        indptr, indices, last_page_len = self._kv_indices(batch.padded_reqs)
         dtype = self.kv_cache.dtype
-        wrapper.plan(indptr, indices, last_page_len, self.num_qo_heads, self.num_kv_heads, self.head_dim, 1,
-                     q_data_type=dtype, kv_data_type=dtype)
+        wrapper.plan(indptr, indices, last_page_len, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+                     self.page_size, q_data_type=dtype, kv_data_type=dtype)
         last = torch.arange(batch.padded_size, device=self.device)  # decode：每个 token 都是最后一个
         batch.attn_metadata = FlashInferMetadata(last_indices=last, wrapper=wrapper)
 
@@ -102,7 +105,7 @@ class FlashInferBackend(BaseAttnBackend):
             self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         meta = batch.attn_metadata
         assert isinstance(meta, FlashInferMetadata)
-        shape = (-1, 1, self.num_kv_heads, self.head_dim)  # [slots, page_size=1, Hkv, D]
+        shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)  # [pages, P, Hkv, D]
         kv = (self.kv_cache.k_cache(layer_id).view(shape), self.kv_cache.v_cache(layer_id).view(shape))
         return meta.wrapper.run(q, kv)  # [T, H, D]
 
@@ -117,7 +120,7 @@ class SplitKVDecode:
     sm_scale: float
 
     def run(self, q: torch.Tensor, kv: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        k, v = (t.flatten(1, 2) for t in kv)  # [slots, 1, Hkv, D] -> [slots, Hkv, D]
+        k, v = (t.flatten(0, 1) for t in kv)  # [pages, P, Hkv, D] -> [slots, Hkv, D]
         return split_kv_decode(q, k, v, self.page_table, self.rows[0], self.rows[1], self.splits, self.sm_scale)
 
 
