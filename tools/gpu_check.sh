@@ -65,6 +65,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
     # the table over batch sizes 1-256 is where MAX_BS = 64 in attention/fi.py comes from
     run bench_attention python3 tools/bench_attention.py
+    # FlashInfer reading the pool as pages of 1 or 16 slots, graph wrapper or not, at the offline run's shapes
+    run bench_fi_pages python3 tools/bench_fi_pages.py
     # ATTN_SWEEP=1: the split-KV knob sweeps kernel/decode.py's defaults come from (a few minutes), and past MAX_BS
     if [ "${ATTN_SWEEP:-0}" = 1 ]; then
       run bench_attention_sweep python3 tools/bench_attention.py --sweep \
@@ -92,6 +94,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # the full engine (overlap on) against transformers on the first 64 (the ch09 cell runs its tree, overlap off)
     [ $cells = 1 ] && has hf && run bench_offline_hf64 python3 tools/bench_offline.py --gpu --variants overlap=on \
       --hf-seqs 64 --json "$OUT/offline_overlap_on_hf64.json"
+    # the offline run step by step: GPU time per kind of step, GPU idle between steps, the scheduler's CPU work
+    run offline_timeline python3 tools/offline_timeline.py --gpu --json "$OUT/offline_timeline.json"
     # where one eager forward (prefill, mixed batches) spends its time: kernels vs host
     run profile_forward python3 tools/profile_forward.py
     MINISGL_FUSED_KERNELS=0 run profile_forward_unfused python3 tools/profile_forward.py --rows 12
