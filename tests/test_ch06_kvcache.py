@@ -125,6 +125,27 @@ def test_registry_and_cpu_errors() -> None:
         create_attention_backend("flash", pool, torch.zeros(1, 8, dtype=torch.int32), 1)
 
 
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_fi_page_lists_name_exactly_the_tables_slots(page_size: int) -> None:
+    """fi 交给 FlashInfer 的 (kv_indptr, 页号, last_page_len) 展开成槽，正好是页表里每个请求的前 device_len 个槽。
+    只用到 _kv_indices 的张量运算，CPU 上就能测（FlashInfer 本身只在 GPU 上）。"""
+    from types import SimpleNamespace
+
+    from minisgl.attention.fi import FlashInferBackend
+
+    lens = [1, page_size, page_size + 1, 40, 33]
+    pool, table = make_pool_and_table(len(lens), max(lens), page_size, 2, 8, torch.device("cpu"), torch.float32, 0)
+    reqs = [Req(torch.zeros(n, dtype=torch.int32), i, n - 1, 1, i) for i, n in enumerate(lens)]  # decode：device_len = n
+    fake = SimpleNamespace(page_size=page_size, page_table=table, device=torch.device("cpu"))
+    indptr, pages, last = FlashInferBackend._kv_indices(fake, reqs)
+    offs = torch.arange(page_size)
+    for i, n in enumerate(lens):
+        mine = pages[indptr[i]:indptr[i + 1]]
+        assert len(mine) == -(-n // page_size) and 1 <= last[i] <= page_size
+        slots = (mine[:, None] * page_size + offs).flatten()[:(len(mine) - 1) * page_size + int(last[i])]
+        assert torch.equal(slots, table[i, :n]), f"request {i} ({n} tokens)"
+
+
 def test_forward_needs_a_batch() -> None:
     pool = MHAKVCache(1, 2, 4, 1, 8, torch.float32, torch.device("cpu"))
     table = torch.zeros(1, 8, dtype=torch.int32)
