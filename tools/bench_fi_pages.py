@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisgl from 
 from minisgl.kernel import split_kv_decode, split_kv_splits  # noqa: E402
 
 HQ, HKV = (int(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (16, 8)
-random.seed(0)
 D, P = 128, 16
 DEV, DT = torch.device("cuda"), torch.bfloat16
 WORKSPACE = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)

@@ -6,8 +6,8 @@
 FlashInfer 0.6 compiles each kernel family with nvcc on first use (tens of seconds each, one after another
 when the engine meets them). Here each family is compiled by its own process, in parallel; the results land
 in FlashInfer's cache (~/.cache/flashinfer, or $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) for every later
-process. Families: paged prefill and tensor-core decode (bf16, per head_dim, each its own process), rmsnorm + fused_add_rmsnorm,
-RoPE with a cos/sin cache, silu_and_mul.
+process. Families: paged prefill and tensor-core decode (bf16, per head_dim, each its own process),
+rmsnorm + fused_add_rmsnorm, RoPE with a cos/sin cache, silu_and_mul.
 """
 from __future__ import annotations
 

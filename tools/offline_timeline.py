@@ -123,7 +123,7 @@ def main() -> None:
     per_step_cpu = cpu / max(len(model), 1)
     print(f"scheduler CPU work per step {1e3 * per_step_cpu:.2f} ms on average")
     if args.json:
-        args.json.write_text(json.dumps(dict(wall=wall, t0=t0, steps=[
+        args.json.write_text(json.dumps(dict(wall=wall, steps=[
             dict(kind=s["kind"], bs=s["bs"], tokens=s["tokens"], gpu=[s["gpu"][0] - t0, s["gpu"][1] - t0],
                  launch=[s["launch"][0] - t0, s["launch"][1] - t0]) for s in llm.steps],
             cpu=[(a - t0, b - t0) for lane, a, b in spans if lane == "cpu"])))
