@@ -10,11 +10,14 @@ Same workload and engine settings as `tools/bench_offline.py` (overlap on, graph
 process the last step's results) and, on a GPU, CUDA events around the launched work. A step's GPU span runs
 from the first to the last of its kernels' events as the GPU reaches them, so a gap between two spans is time the
 GPU had nothing queued: it waited for the CPU. CPU spans do not include waiting for the GPU's results.
+Python's garbage collections during the run are recorded too (`gc.callbacks`): the five slowest launches say
+how much of their time was a collection.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import sys
 import time
@@ -62,6 +65,8 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="Qwen3-0.6B config, random bf16 weights, 256 sequences")
     ap.add_argument("--config", type=Path, default=TOOLS / "configs" / "qwen3-0.6b.json")
     ap.add_argument("--json", type=Path, default=None, help="write every step (kind, size, spans) here")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after the warm-up: later collections skip every object alive by then")
     args = ap.parse_args()
     if args.gpu:
         n, lo, hi, path = 256, 100, 1024, random_checkpoint(args.config)
@@ -79,12 +84,24 @@ def main() -> None:
     llm.spans.clear()
     llm._gpu.clear()
     llm.steps.clear()
+    if args.gc_freeze:
+        gc.freeze()
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=k) for k in outputs]
+    pauses: List[tuple] = []  # Python 的垃圾回收：(代, 开始, 结束)
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            pauses.append((info["generation"], time.perf_counter(), None))
+        else:
+            pauses[-1] = (*pauses[-1][:2], time.perf_counter())
+
+    gc.callbacks.append(on_gc)
     t0 = time.perf_counter()
     got = llm.generate(prompts, params, use_tqdm=False)
     if llm._cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    gc.callbacks.remove(on_gc)
     assert [len(o["token_ids"]) for o in got] == outputs
     spans = llm.timeline()
     model = sorted((a, b) for lane, a, b in spans if lane == "model")
@@ -122,11 +139,23 @@ def main() -> None:
     # CPU work per step against the GPU's: with overlap, a step costs max(the two) when the CPU is the slower one
     per_step_cpu = cpu / max(len(model), 1)
     print(f"scheduler CPU work per step {1e3 * per_step_cpu:.2f} ms on average")
+    # 最慢的几次 launch，其中有多少是 Python 的垃圾回收（GC 停顿原样加在那一步的 CPU 时间上）
+    slow = sorted(range(len(llm.steps)), key=lambda i: llm.steps[i]["launch"][0] - llm.steps[i]["launch"][1])
+    for i in sorted(slow[:5]):
+        st, (a, b) = llm.steps[i], llm.steps[i]["launch"]
+        in_gc = sum(e - s for g, s, e in pauses if a <= s and e <= b)
+        print(f"slow launch: step {i} ({st['kind']}, bs {st['bs']}) {1e3 * (b - a):.1f} ms, "
+              f"{1e3 * in_gc:.1f} ms of it in GC")
+    for g in range(3):
+        d = [e - s for gen, s, e in pauses if gen == g]
+        print(f"GC generation {g}: {len(d)} collections, {1e3 * sum(d):.1f} ms in all, "
+              f"longest {1e3 * max(d, default=0):.1f} ms")
     if args.json:
         args.json.write_text(json.dumps(dict(wall=wall, steps=[
             dict(kind=s["kind"], bs=s["bs"], tokens=s["tokens"], gpu=[s["gpu"][0] - t0, s["gpu"][1] - t0],
                  launch=[s["launch"][0] - t0, s["launch"][1] - t0]) for s in llm.steps],
-            cpu=[(a - t0, b - t0) for lane, a, b in spans if lane == "cpu"])))
+            cpu=[(a - t0, b - t0) for lane, a, b in spans if lane == "cpu"],
+            gc=[(g, s - t0, e - t0) for g, s, e in pauses])))
     llm.shutdown()
 
 
