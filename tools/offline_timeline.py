@@ -146,8 +146,8 @@ def main() -> None:
     per_step_cpu = cpu / max(len(model), 1)
     print(f"scheduler CPU work per step {1e3 * per_step_cpu:.2f} ms on average")
     # 最慢的几次 launch，其中有多少是 Python 的垃圾回收（GC 停顿原样加在那一步的 CPU 时间上）
-    slow = sorted(range(len(llm.steps)), key=lambda i: llm.steps[i]["launch"][0] - llm.steps[i]["launch"][1])
-    for i in sorted(slow[:5]):
+    launch_s = [b - a for a, b in (st["launch"] for st in llm.steps)]
+    for i in sorted(sorted(range(len(launch_s)), key=launch_s.__getitem__, reverse=True)[:5]):
         st, (a, b) = llm.steps[i], llm.steps[i]["launch"]
         in_gc = sum(e - s for g, s, e in pauses if a <= s and e <= b)
         print(f"slow launch: step {i} ({st['kind']}, bs {st['bs']}) {1e3 * (b - a):.1f} ms, "
