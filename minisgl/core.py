@@ -136,8 +136,11 @@ class Batch:
         assert not self.is_decode or bool((lens == 1).all()), "decode is one token each"
         T = int(lens.sum())
         first = lens.cumsum(0) - lens  # [B]：每个请求的第一个 token 在批里的下标
-        pos = (torch.arange(T) + (cached - first).repeat_interleave(lens, output_size=T)).int()  # [T]
-        rows = rows.repeat_interleave(lens, output_size=T)  # [T]
+        owner = torch.zeros(T, dtype=torch.int32)  # [T]：每个 token 属于批里的第几个请求
+        owner[first[1:]] = 1  # 在每个请求的起点记 1，前缀和就是请求的序号
+        owner = owner.cumsum(0)
+        pos = (torch.arange(T) + (cached - first).index_select(0, owner)).int()  # [T]
+        rows = rows.index_select(0, owner)  # [T]
         if token_pool is None:
             ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])  # [T]
             host = torch.stack([ids, pos, rows])  # [3, T] int32：一次拷贝

@@ -29,6 +29,9 @@ step "practice: reference solutions pass, untouched stubs fail"
 step "tools: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
 "$PY" tools/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
 
+step "tools: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
+"$PY" tools/bench_expand.py --calls 20 --load 0 --threads 1
+
 step "notebooks: every cell runs and prints what it stored (nbval, strict), incl. each chapter's tests; gpu cells skipped on CPU"
 "$PY" tools/book.py nbval
 
