@@ -92,6 +92,13 @@ class Req:
         self.input_ids = self._buffer[:self.host_len]
 
 
+def token_owner(first: torch.Tensor, T: int) -> torch.Tensor:
+    """first [B]（每个请求的第一个 token 在批里的下标，严格递增，first[0] = 0）→ [T]：每个 token 属于第几个请求。"""
+    owner = torch.zeros(T, dtype=torch.int64)
+    owner[first[1:]] = 1  # 在每个请求的起点记 1，前缀和就是请求的序号
+    return owner.cumsum(0)
+
+
 @dataclass
 class Batch:
     """一步前向要算的一组请求。prepare() 之后，张量都在页表所在的设备上。"""
@@ -136,9 +143,7 @@ class Batch:
         assert not self.is_decode or bool((lens == 1).all()), "decode is one token each"
         T = int(lens.sum())
         first = lens.cumsum(0) - lens  # [B]：每个请求的第一个 token 在批里的下标
-        owner = torch.zeros(T, dtype=torch.int32)  # [T]：每个 token 属于批里的第几个请求
-        owner[first[1:]] = 1  # 在每个请求的起点记 1，前缀和就是请求的序号
-        owner = owner.cumsum(0)
+        owner = token_owner(first, T)  # [T]
         pos = (torch.arange(T) + (cached - first).index_select(0, owner)).int()  # [T]
         rows = rows.index_select(0, owner)  # [T]
         if token_pool is None:

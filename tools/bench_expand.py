@@ -4,14 +4,15 @@
     python tools/bench_expand.py [--threads 0 1] [--load 2] [--calls 3000]
 
 Batch.prepare (chapter 11) expands three integers per request (page-table row, cached length, tokens this step)
-into a row and a position per token. `repeat_interleave` does it in one call, but on the CPU it hands even a
-few hundred elements to every OpenMP thread (grain size 1) and waits for the slowest: when the OS has taken one
-of them off its core, the call stalls for milliseconds. minisgl marks each request's first token and takes a
-prefix sum instead (`owner`), which stays on one thread at these sizes.
+into a row and a position per token; both come from which request each token belongs to. `repeat_interleave`
+gives that in one call, but on the CPU it hands even a few hundred elements to every OpenMP thread (grain size 1)
+and waits for the slowest: when the OS has taken one of them off its core, the call stalls for milliseconds.
+minisgl's `token_owner` marks each request's first token and takes a prefix sum instead, which stays on one
+thread at these sizes.
 
 Each case is timed `--calls` times; the table gives the median, the 99th percentile and the worst call. `--load N`
 starts N busy processes for the run (as a GPU server's other processes keep cores busy); `--threads 0` is
-PyTorch's default thread count. The last column times the whole Batch.prepare (CPU page table) for the same batch.
+PyTorch's default thread count. The Batch.prepare row times the whole of it (CPU page table) for the same batch.
 """
 from __future__ import annotations
 
@@ -24,21 +25,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's minisgl
-from minisgl.core import Batch, Req  # noqa: E402
+from minisgl.core import Batch, Req, token_owner  # noqa: E402
 
 
-def expand_repeat(lens: torch.Tensor, cached: torch.Tensor, rows: torch.Tensor, T: int):
-    first = lens.cumsum(0) - lens
-    pos = (torch.arange(T) + (cached - first).repeat_interleave(lens, output_size=T)).int()
-    return pos, rows.repeat_interleave(lens, output_size=T)
+def owner_repeat(lens: torch.Tensor) -> torch.Tensor:
+    return torch.arange(len(lens)).repeat_interleave(lens, output_size=int(lens.sum()))
 
 
-def expand_owner(lens: torch.Tensor, cached: torch.Tensor, rows: torch.Tensor, T: int):
-    first = lens.cumsum(0) - lens
-    owner = torch.zeros(T, dtype=torch.int32)
-    owner[first[1:]] = 1
-    owner = owner.cumsum(0)
-    return (torch.arange(T) + (cached - first).index_select(0, owner)).int(), rows.index_select(0, owner)
+def owner_minisgl(lens: torch.Tensor) -> torch.Tensor:
+    return token_owner(lens.cumsum(0) - lens, int(lens.sum()))
 
 
 def spin() -> None:
@@ -81,17 +76,15 @@ def main() -> None:
         for name, lens in batches.items():
             B, T = len(lens), int(lens.sum())
             cached = torch.randint(0, 900, (B,), dtype=torch.int32, generator=g)
-            rows = torch.arange(B, dtype=torch.int32)
-            a, b = expand_repeat(lens, cached, rows, T), expand_owner(lens, cached, rows, T)
-            assert all(torch.equal(x, y) for x, y in zip(a, b)), "the two expansions differ"
+            assert torch.equal(owner_repeat(lens), owner_minisgl(lens)), "the two expansions differ"
             reqs = [Req(torch.zeros(int(c) + int(n), dtype=torch.int32), i, int(c), 1, i)
                     for i, (c, n) in enumerate(zip(cached, lens))]
             batch = Batch(reqs, "decode" if T == B else "prefill")
             for threads in args.threads:
                 torch.set_num_threads(threads or default_threads)
                 label = f"{threads or default_threads}"
-                for kind, fn in (("repeat_interleave", expand_repeat), ("owner (minisgl)", expand_owner)):
-                    print(f"{name:<38} {label:>7} {kind:<17} {timed(lambda: fn(lens, cached, rows, T), args.calls)}")
+                for kind, fn in (("repeat_interleave", owner_repeat), ("token_owner", owner_minisgl)):
+                    print(f"{name:<38} {label:>7} {kind:<17} {timed(lambda: fn(lens), args.calls)}")
                 print(f"{name:<38} {label:>7} {'Batch.prepare':<17} {timed(lambda: batch.prepare(page_table), args.calls)}")
     finally:
         for p in busy:

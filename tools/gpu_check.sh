@@ -99,7 +99,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # the same with the whole workload as warm-up (first-use costs left out), and under the torch profiler: the
     # longest CUDA calls and torch ops (what made a slow launch slow)
     run offline_timeline_full_warmup python3 tools/offline_timeline.py --gpu --full-warmup
-    run profile_offline_api python3 tools/profile_offline_api.py
+    run offline_timeline_profile_api python3 tools/offline_timeline.py --gpu --profile-api
     # where one eager forward (prefill, mixed batches) spends its time: kernels vs host
     run profile_forward python3 tools/profile_forward.py
     MINISGL_FUSED_KERNELS=0 run profile_forward_unfused python3 tools/profile_forward.py --rows 12

@@ -12,6 +12,10 @@ from the first to the last of its kernels' events as the GPU reaches them, so a 
 GPU had nothing queued: it waited for the CPU. CPU spans do not include waiting for the GPU's results.
 Python's garbage collections during the run are recorded too (`gc.callbacks`): the five slowest launches say
 how much of their time was a collection.
+With --profile-api the timed run goes under the torch profiler (its times then run about twice as long), and
+the longest CUDA API calls and torch ops are listed: what inside a slow launch was slow (a CUDA call that waited;
+cudaEventSynchronize is the overlap scheduler waiting for the last step's tokens, as it should), an allocation
+(the caching allocator's counters before and after), or a torch op far above its usual time.
 """
 from __future__ import annotations
 
@@ -19,7 +23,9 @@ import argparse
 import collections
 import gc
 import json
+import contextlib
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -70,6 +76,8 @@ def main() -> None:
                          "time (kernels loaded, memory allocated, graphs first replayed) then stays out of the timing")
     ap.add_argument("--gc-freeze", action="store_true",
                     help="gc.freeze() after the warm-up: later collections skip every object alive by then")
+    ap.add_argument("--profile-api", action="store_true",
+                    help="time the run under the torch profiler and list the longest CUDA API calls and torch ops")
     args = ap.parse_args()
     if args.gpu:
         n, lo, hi, path = 256, 100, 1024, random_checkpoint(args.config)
@@ -102,10 +110,13 @@ def main() -> None:
             pauses[-1] = (*pauses[-1][:2], time.perf_counter())
 
     gc.callbacks.append(on_gc)
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if llm._cuda else [])
+    mem_before = torch.cuda.memory_stats() if llm._cuda else {}
     t0 = time.perf_counter()
-    got = llm.generate(prompts, params, use_tqdm=False)
-    if llm._cuda:
-        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=acts) if args.profile_api else contextlib.nullcontext() as prof:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        if llm._cuda:
+            torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     gc.callbacks.remove(on_gc)
     assert [len(o["token_ids"]) for o in got] == outputs
@@ -162,7 +173,37 @@ def main() -> None:
                  launch=[s["launch"][0] - t0, s["launch"][1] - t0]) for s in llm.steps],
             cpu=[(a - t0, b - t0) for lane, a, b in spans if lane == "cpu"],
             gc=[(g, s - t0, e - t0) for g, s, e in pauses])))
+    if args.profile_api:
+        mem_after = torch.cuda.memory_stats() if llm._cuda else {}
+        for key in ("segment.all.allocated", "num_alloc_retries", "num_device_alloc"):
+            print(f"{key}: {mem_before.get(key)} -> {mem_after.get(key)}")
+        print_api_profile(prof)
     llm.shutdown()
+
+
+def print_api_profile(prof: torch.profiler.profile, rows: int = 30) -> None:
+    """The longest CUDA API calls (with the kernel each launched), the API totals, and the longest torch ops."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        events = [e for e in json.load(open(f"{tmp}/trace.json"))["traceEvents"] if e.get("ph") == "X"]
+    start = min(e["ts"] for e in events)
+    kernel_of = {e["args"].get("correlation"): e["name"] for e in events if e.get("cat") == "kernel"}
+    api = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: -e["dur"])
+    print("longest CUDA API calls: ms, at ms (from the profiler's start), name, kernel")
+    for e in api[:rows]:
+        kernel = kernel_of.get(e["args"].get("correlation"), "")
+        print(f"{e['dur'] / 1000:8.2f} {(e['ts'] - start) / 1000:9.1f}  {e['name'][:40]:40s} {kernel[:90]}")
+    total, calls = collections.Counter(), collections.Counter()
+    for e in api:
+        total[e["name"]] += e["dur"]
+        calls[e["name"]] += 1
+    print("CUDA API totals: ms, calls, name")
+    for name, us in total.most_common(15):
+        print(f"{us / 1000:9.2f} {calls[name]:7d}  {name}")
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: -e["dur"])
+    print("longest torch ops: ms, at ms, name")
+    for e in ops[:rows]:
+        print(f"{e['dur'] / 1000:8.2f} {(e['ts'] - start) / 1000:9.1f}  {e['name'][:80]}")
 
 
 if __name__ == "__main__":
