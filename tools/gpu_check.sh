@@ -8,8 +8,8 @@
 # "decode offline peer hf serving" (default all) and "ab" (minisgl and upstream taking turns on the offline
 # workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare); BENCH_CONFIGS picks
 # configs for decode (qwen3-0.6b qwen3-8b);
-# GEMV_SWEEP=1 adds the block-shape sweep of tools/bench_gemv.py; ATTN_SWEEP=1 the split-KV sweep of
-# tools/bench_attention.py.
+# GEMV_SWEEP=1 adds the block-shape sweep of benchmarks/bench_gemv.py; ATTN_SWEEP=1 the split-KV sweep of
+# benchmarks/bench_attention.py.
 # Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
 # inside .build/trees/chNN; NCCL ones when two GPUs are present); the notebook cells tagged gpu (outputs stored
 # back; the notebooks come back under $OUT/notebooks/); the benchmarks, each writing a table (.txt) and JSON.
@@ -57,28 +57,28 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     for cfg in ${BENCH_CONFIGS:-qwen3-0.6b qwen3-8b}; do
       [ "$cfg" = qwen3-0.6b ] && [ $cells = 1 ] && continue
       graphs="256"; [ "$cfg" = qwen3-0.6b ] && graphs="0 256"
-      run "bench_decode_$cfg" python3 tools/bench_decode.py --config "tools/configs/$cfg.json" --graphs $graphs
+      run "bench_decode_$cfg" python3 benchmarks/bench_decode.py --config "benchmarks/configs/$cfg.json" --graphs $graphs
     done
     [ $cells = 0 ] && MINISGL_FUSED_KERNELS=0 run bench_decode_qwen3-0.6b_unfused \
-      python3 tools/bench_decode.py --config tools/configs/qwen3-0.6b.json --graphs 256
+      python3 benchmarks/bench_decode.py --config benchmarks/configs/qwen3-0.6b.json --graphs 256
      # where the decode step's time goes, kernel by kind inside the graph replay; decode attention alone
-    run profile_decode_qwen3-8b python3 tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64
+    run profile_decode_qwen3-8b python3 benchmarks/profile_forward.py --config benchmarks/configs/qwen3-8b.json --decode 1 64
     # the table over batch sizes 1-256 is where MAX_BS = 64 in attention/fi.py comes from
-    run bench_attention python3 tools/bench_attention.py
+    run bench_attention python3 benchmarks/bench_attention.py
     # FlashInfer reading the pool as pages of 1 or 16 slots, graph wrapper or not, at the offline run's shapes
-    run bench_fi_pages python3 tools/bench_fi_pages.py
+    run bench_fi_pages python3 benchmarks/bench_fi_pages.py
     # ATTN_SWEEP=1: the split-KV knob sweeps kernel/decode.py's defaults come from (a few minutes), and past MAX_BS
     if [ "${ATTN_SWEEP:-0}" = 1 ]; then
-      run bench_attention_sweep python3 tools/bench_attention.py --sweep \
+      run bench_attention_sweep python3 benchmarks/bench_attention.py --sweep \
         --batch-sizes 1 2 4 8 16 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep.json"
-      run bench_attention_sweep_large python3 tools/bench_attention.py --sweep \
+      run bench_attention_sweep_large python3 benchmarks/bench_attention.py --sweep \
         --batch-sizes 32 40 48 56 64 128 256 --contexts 512 2048 4096 --json "$OUT/attention_split_kv_sweep_large.json"
     fi
     # small-batch matmuls: cuBLAS against minisgl's Triton GEMV (kernel/matmul.py, ch08) per shape; GEMV_SWEEP=1 also
     # sweeps the block shapes the rule was drawn from (a few minutes per config)
     for cfg in qwen3-8b qwen3-0.6b; do
       if [ "${GEMV_SWEEP:-0}" = 1 ]; then sweep=(--kinds dot --json "$OUT/gemv_sweep_$cfg.json"); else sweep=(--kinds); fi
-      run "bench_gemv_$cfg" python3 tools/bench_gemv.py --config "tools/configs/$cfg.json" --m 1 8 16 "${sweep[@]}"
+      run "bench_gemv_$cfg" python3 benchmarks/bench_gemv.py --config "benchmarks/configs/$cfg.json" --m 1 8 16 "${sweep[@]}"
     done
   fi
   if has offline; then
@@ -87,43 +87,43 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       variants=(overlap=on overlap=off graphs=0 attn=torch)
       has hf && hf=(--hf-seqs 64)
     fi
-    run bench_offline python3 tools/bench_offline.py --gpu --variants "${variants[@]}" --profile --host-profile \
+    run bench_offline python3 benchmarks/bench_offline.py --gpu --variants "${variants[@]}" --profile --host-profile \
       "${hf[@]}" --json "$OUT/bench_offline.json"
-    MINISGL_FUSED_KERNELS=0 run bench_offline_unfused python3 tools/bench_offline.py --gpu --no-hf --no-hf-cb \
+    MINISGL_FUSED_KERNELS=0 run bench_offline_unfused python3 benchmarks/bench_offline.py --gpu --no-hf --no-hf-cb \
       --json "$OUT/bench_offline_unfused.json"
     # the full engine (overlap on) against transformers on the first 64 (the ch09 cell runs its tree, overlap off)
-    [ $cells = 1 ] && has hf && run bench_offline_hf64 python3 tools/bench_offline.py --gpu --variants overlap=on \
+    [ $cells = 1 ] && has hf && run bench_offline_hf64 python3 benchmarks/bench_offline.py --gpu --variants overlap=on \
       --hf-seqs 64 --json "$OUT/offline_overlap_on_hf64.json"
     # the offline run step by step: GPU time per kind of step, GPU idle between steps, the scheduler's CPU work
-    run offline_timeline python3 tools/offline_timeline.py --gpu --json "$OUT/offline_timeline.json"
+    run offline_timeline python3 benchmarks/offline_timeline.py --gpu --json "$OUT/offline_timeline.json"
     # the same with the whole workload as warm-up (first-use costs left out), and under the torch profiler: the
     # longest CUDA calls and torch ops (what made a slow launch slow)
-    run offline_timeline_full_warmup python3 tools/offline_timeline.py --gpu --full-warmup
-    run offline_timeline_profile_api python3 tools/offline_timeline.py --gpu --profile-api
+    run offline_timeline_full_warmup python3 benchmarks/offline_timeline.py --gpu --full-warmup
+    run offline_timeline_profile_api python3 benchmarks/offline_timeline.py --gpu --profile-api
     # where one eager forward (prefill, mixed batches) spends its time: kernels vs host
-    run profile_forward python3 tools/profile_forward.py
-    MINISGL_FUSED_KERNELS=0 run profile_forward_unfused python3 tools/profile_forward.py --rows 12
+    run profile_forward python3 benchmarks/profile_forward.py
+    MINISGL_FUSED_KERNELS=0 run profile_forward_unfused python3 benchmarks/profile_forward.py --rows 12
   fi
   if has peer && [ -d .peer/python/minisgl ]; then
-    run bench_peer python3 tools/bench_peer.py --subset 64 --profile --json "$OUT/offline_upstream.json"
-    run bench_peer_no_overlap python3 tools/bench_peer.py --overlap off --json "$OUT/offline_upstream_no_overlap.json"
+    run bench_peer python3 benchmarks/bench_peer.py --subset 64 --profile --json "$OUT/offline_upstream.json"
+    run bench_peer_no_overlap python3 benchmarks/bench_peer.py --overlap off --json "$OUT/offline_upstream_no_overlap.json"
   fi
   if has ab && [ -d .peer/python/minisgl ]; then  # turns, so that drift over the lease hits both alike
     # upstream's first run on a fresh machine was 2-3 s slower, twice (most likely FlashInfer compiling its own kernel
     # variants, which fi_warmup does not build, inside the timed run): one untimed run of 16 sequences first
-    run ab_upstream_warmup python3 tools/bench_peer.py --num-seqs 16
+    run ab_upstream_warmup python3 benchmarks/bench_peer.py --num-seqs 16
     for r in $(seq -w "${AB_ROUNDS:-3}"); do  # -w: 01..10 sort as rounds
-      run "ab_minisgl_$r" python3 tools/bench_offline.py --gpu --variants overlap=on --no-hf --no-hf-cb \
+      run "ab_minisgl_$r" python3 benchmarks/bench_offline.py --gpu --variants overlap=on --no-hf --no-hf-cb \
         --json "$OUT/ab_minisgl_$r.json"
-      run "ab_upstream_$r" python3 tools/bench_peer.py --json "$OUT/ab_upstream_$r.json"
+      run "ab_upstream_$r" python3 benchmarks/bench_peer.py --json "$OUT/ab_upstream_$r.json"
     done
-    run ab_summary python3 tools/bench_peer.py --summarize "$OUT"/ab_minisgl_*.json "$OUT"/ab_upstream_*.json
+    run ab_summary python3 benchmarks/bench_peer.py --summarize "$OUT"/ab_minisgl_*.json "$OUT"/ab_upstream_*.json
   fi
   if has serving; then
-    [ $cells = 0 ] && run bench_serving python3 tools/bench_serving.py --random-config tools/configs/qwen3-0.6b.json \
+    [ $cells = 0 ] && run bench_serving python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
       --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline --client-procs 4
     # one client: TPOT against the batch-1 decode step (the ch15 cell runs 64 clients)
-    run bench_serving_c1 python3 tools/bench_serving.py --random-config tools/configs/qwen3-0.6b.json \
+    run bench_serving_c1 python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
       --concurrency 1 --num-requests 16 --input-len 512 --output-len 256 --no-hf-baseline
   fi
 fi

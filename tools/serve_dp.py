@@ -15,7 +15,7 @@ Starts N replicas on free loopback ports (every flag this script does not know g
 Point any OpenAI client at the router's /v1. Ctrl-C or SIGTERM stops the router and every replica (each
 replica's own workers with it); a replica or the router that exits on its own stops everything too. The
 router comes from the optional extra: `pip install -e ".[scale]"` (sglang-router, a binary wheel).
-The appendix of the book (book/chapters/ch16_scale.ipynb) explains it; tools/bench_router.py measures it.
+The appendix of the book (book/chapters/ch16_scale.ipynb) explains it; benchmarks/bench_router.py measures it.
 """
 from __future__ import annotations
 

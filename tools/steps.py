@@ -28,7 +28,7 @@ may not define the same top-level name twice (def, class or plain assignment): t
 
 Chapter trees: `.build/trees/chNN/` (ignored by git) holds minisgl/, examples/ and tests/ exactly as of
 chapter N (the same text `tangle` would write after chapter N), a pytest.ini with the project's markers, and
-links to tools/, models/ and practice/. The notebook of chapter N works inside it (tools/booksetup.py), and
+links to tools/, benchmarks/, models/ and practice/. The notebook of chapter N works inside it (tools/booksetup.py), and
 `test` and `check` run there: a reader of chapter 3 runs chapter 3's code, not the final minisgl/.
 
 Notebook 16 (ch16_scale) is the appendix: numbered after chapter 15 so that its parts are tangled on top of
@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "book" / "chapters"
 GENERATED = ("minisgl", "examples", "tests")
 TREES = ROOT / ".build" / "trees"
-TREE_LINKS = ("tools", "models", "practice")  # 树里的相对路径（tools/steps.py、models/Qwen3-0.6B）照样能用
+TREE_LINKS = ("tools", "benchmarks", "models", "practice")  # 树里的相对路径（tools/steps.py、benchmarks/…、models/Qwen3-0.6B）照样能用
 _NAME = re.compile(r"^ch(\d\d)_[a-z0-9_]+\.ipynb$")
 LAST_CHAPTER = 15  # 之后的笔记本（ch16_scale）是附录：代码叠在第 15 章的树上，tree 15 不受影响
 
@@ -407,7 +407,7 @@ def _pytest_ini(num: int) -> str:
 
 def materialise(num: int, chapters: List[Chapter] | None = None) -> Tuple[Path, int, int]:
     """Write chapter `num`'s tree to .build/trees/chNN/: minisgl/, examples/, tests/ as of chapter `num` (the
-    text `tangle` writes), pytest.ini, and links to tools/, models/, practice/. Only files whose content
+    text `tangle` writes), pytest.ini, and links to tools/, benchmarks/, models/, practice/. Only files whose content
     changed are written; files no chapter up to `num` makes are deleted. Returns (dir, written, removed)."""
     chapters = chapters if chapters is not None else load_chapters()
     state = build(chapters, num)

@@ -23,18 +23,8 @@ step "tangle --check: minisgl/, examples/, tests/ equal what the notebooks tangl
 step "steps.py check --static: each chapter's example compiles and imports only what chapters 1..N make"
 "$PY" tools/steps.py check --static
 
-step "practice: reference solutions pass, untouched stubs fail"
-"$PY" practice/judge.py --self-check
-
-step "tools: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
-"$PY" tools/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
-
-step "tools: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
-"$PY" tools/bench_expand.py --calls 20 --load 0 --threads 1
-
-step "notebooks: every cell runs and prints what it stored (nbval, strict), incl. each chapter's tests; gpu cells skipped on CPU"
-"$PY" tools/book.py nbval
-
+# The book first (a few minutes): it reads only stored outputs, so a broken build is known before the long
+# notebook run.
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
 
@@ -46,5 +36,17 @@ elif [ "${CI:-}" = true ]; then
 else
   echo "skipped: no /usr/bin/chromium, playwright-core (practice/web/node_modules) or _build/html/practice (bash tools/install.sh installs them)"
 fi
+
+step "practice: reference solutions pass, untouched stubs fail"
+"$PY" practice/judge.py --self-check
+
+step "tools: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
+"$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
+
+step "tools: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
+"$PY" benchmarks/bench_expand.py --calls 20 --load 0 --threads 1
+
+step "notebooks: every cell runs and prints what it stored (nbval, strict), incl. each chapter's tests; gpu cells skipped on CPU"
+"$PY" tools/book.py nbval
 
 step "all checks passed"

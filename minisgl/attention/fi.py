@@ -127,7 +127,7 @@ class SplitKVDecode:
 class FlashInferSplitKVBackend(FlashInferBackend):
     """fi 后端：decode 批不大于 MAX_BS 时用 split-KV kernel，prefill 和大批的 decode 仍用 FlashInfer。"""
 
-    MAX_BS = 64  # tools/bench_attention.py 量过、在引擎里验证过的范围：到 64 为止各种上下文长度都不慢于 FlashInfer
+    MAX_BS = 64  # benchmarks/bench_attention.py 量过、在引擎里验证过的范围：到 64 为止各种上下文长度都不慢于 FlashInfer
 
     def __init__(self, kv_cache: BaseKVCachePool, page_table: torch.Tensor, num_qo_heads: int) -> None:
         super().__init__(kv_cache, page_table, num_qo_heads)

@@ -82,7 +82,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
 
 @functools.cache
 def split_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device) -> int:
-    """S：B·Hkv·S 个程序实例约为 SM 数的两倍（取 2 的幂，1–64）。tools/bench_attention.py 的扫描在 H200 上得出。"""
+    """S：B·Hkv·S 个程序实例约为 SM 数的两倍（取 2 的幂，1–64）。benchmarks/bench_attention.py 的扫描在 H200 上得出。"""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = max(1, 2 * sms // (batch_size * num_kv_heads))
     return min(64, 1 << (want.bit_length() - 1))
@@ -112,7 +112,7 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     num_stages: int | None = None) -> torch.Tensor:
     """decode 注意力：q: [B, H, D]；k_cache/v_cache: [slots, Hkv, D]（每个槽一行）；page_table: [R, L] int32；
     table_idx/seq_lens: [B] int32（第 b 个请求在页表的哪一行、上下文多长，>= 1）→ [B, H, D]。每个 (请求, kv 头)
-    的 KV 切成 splits 段并行读，再按 log-sum-exp 合并（flash-decoding）。关键字参数只给 tools/bench_attention.py 扫描用。"""
+    的 KV 切成 splits 段并行读，再按 log-sum-exp 合并（flash-decoding）。关键字参数只给 benchmarks/bench_attention.py 扫描用。"""
     B, H, D = q.shape
     Hkv = k_cache.shape[1]
     assert q.stride(2) == 1 and q.stride(1) == D and k_cache.stride(1) == D and k_cache.stride() == v_cache.stride()

@@ -39,7 +39,7 @@ def _kernel(triton: Any, tl: Any) -> Any:
 
 @functools.cache  # 每个线性层每一步都要问一次：按形状记住
 def _blocks(N: int, K: int) -> Tuple[int, int, int] | None:
-    """(BLOCK_N, BLOCK_K, num_stages)：tools/bench_gemv.py 在 H200 上扫描各种分块得出的规则；整除不了时 None。"""
+    """(BLOCK_N, BLOCK_K, num_stages)：benchmarks/bench_gemv.py 在 H200 上扫描各种分块得出的规则；整除不了时 None。"""
     block_n = 16 if N <= 2048 else 32 if N <= 4096 else 64  # 程序实例 64–384 个（H200 有 132 个 SM）
     # 实例少（每个 SM 一个左右）时每块沿 K 读得长一些，路上的字节才够多；3 级流水线的共享内存放得下 32K 个元素
     block_k = min(1024, 32768 // block_n) if N // block_n <= 128 and K >= 2048 else 128

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where one forward's time goes, with random weights in a real config, profiled with torch.profiler.
 
-    python tools/profile_forward.py [--config tools/configs/qwen3-0.6b.json] [--tokens 64 1024 4096]
-    python tools/profile_forward.py --config tools/configs/qwen3-8b.json --decode 1 64   # needs a GPU
+    python benchmarks/profile_forward.py [--config benchmarks/configs/qwen3-0.6b.json] [--tokens 64 1024 4096]
+    python benchmarks/profile_forward.py --config benchmarks/configs/qwen3-8b.json --decode 1 64   # needs a GPU
 
 Prefill (default): an eager prefill of --tokens tokens (prefill never replays a CUDA graph), timed (synchronize
 around it): the median wall time of prepare_batch + forward_batch and the GPU time of the kernels it launched;
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS.parent))  # minisgl from this tree
-sys.path.insert(0, str(TOOLS))
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))  # minisgl from this tree
+sys.path.insert(0, str(BENCH))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", type=Path, default=TOOLS / "configs" / "qwen3-0.6b.json")
+    ap.add_argument("--config", type=Path, default=BENCH / "configs" / "qwen3-0.6b.json")
     ap.add_argument("--tokens", type=int, nargs="+", default=[64, 1024, 4096])
     ap.add_argument("--rows", type=int, default=25, help="rows of the profiler table")
     ap.add_argument("--decode", type=int, nargs="+", metavar="BS", help="profile decode steps at these batch sizes")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode attention at the offline benchmark's shapes, read through FlashInfer as pages of 1 or of 16 slots.
 
-    python tools/bench_fi_pages.py [H HKV]          # default 16 8 (Qwen3-0.6B's heads); needs a GPU
+    python benchmarks/bench_fi_pages.py [H HKV]          # default 16 8 (Qwen3-0.6B's heads); needs a GPU
 
 minisgl's pool layout (K and V apart, [slots, Hkv, D], bf16; pages of 16 slots in random order), batches of
 256 ... 64 requests with contexts like the offline workload's as it runs (input 100-1024 plus what has been

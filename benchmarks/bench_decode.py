@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode step latency of the minisgl engine on a GPU, against the memory-bandwidth floor.
 
-    python tools/bench_decode.py [--config tools/configs/qwen3-0.6b.json] [--batch-sizes 1 8 64 256]
+    python benchmarks/bench_decode.py [--config benchmarks/configs/qwen3-0.6b.json] [--batch-sizes 1 8 64 256]
                                  [--context 512] [--graphs 0 256] [--split-kv-max-bs N]
 
 Random bf16 weights in a real config (written once to a temp folder), the fi attention backend. For each

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Small-batch matmul (GEMV) on a GPU: cuBLAS against Triton kernels, on the matmuls of a decode step.
 
-    python tools/bench_gemv.py [--config tools/configs/qwen3-8b.json] [--m 1 8] [--kinds dot]
-    TRITON_INTERPRET=1 python tools/bench_gemv.py --smoke      # CPU: every kernel variant against torch
+    python benchmarks/bench_gemv.py [--config benchmarks/configs/qwen3-8b.json] [--m 1 8] [--kinds dot]
+    TRITON_INTERPRET=1 python benchmarks/bench_gemv.py --smoke      # CPU: every kernel variant against torch
 
-At batch 1 cuBLAS reads the weights of Qwen3-8B's qkv / o_proj / down at 2.6-3.3 TB/s (tools/profile_forward.py
+At batch 1 cuBLAS reads the weights of Qwen3-8B's qkv / o_proj / down at 2.6-3.3 TB/s (benchmarks/profile_forward.py
 --decode 1), 0.63 ms per step over the copy-bandwidth floor. This sweeps two Triton kernels over block shapes:
 "fma" (each program multiplies BLOCK_N weight rows by the M inputs with a broadcast multiply-sum, fp32
 accumulation) and "dot" (minisgl's kernel, minisgl/kernel/matmul.py: the inputs padded to 16 rows, tl.dot on tensor

@@ -2,10 +2,10 @@
 """Where the offline benchmark's wall time goes, step by step: the GPU's time per step, the gaps between steps,
 and the scheduler's CPU work, by kind of step.
 
-    python tools/offline_timeline.py --gpu [--json steps.json]     # the published size (bench_offline.py --gpu)
-    python tools/offline_timeline.py                               # CPU: SmolLM2, 32 sequences (a smoke run)
+    python benchmarks/offline_timeline.py --gpu [--json steps.json]     # the published size (bench_offline.py --gpu)
+    python benchmarks/offline_timeline.py                               # CPU: SmolLM2, 32 sequences (a smoke run)
 
-Same workload and engine settings as `tools/bench_offline.py` (overlap on, graphs up to 256, page 16,
+Same workload and engine settings as `benchmarks/bench_offline.py` (overlap on, graphs up to 256, page 16,
 16,384-token prefill budget). Chapter 11's `Timeline` records each step's CPU work (pick the batch, launch it,
 process the last step's results) and, on a GPU, CUDA events around the launched work. A step's GPU span runs
 from the first to the last of its kernels' events as the GPU reaches them, so a gap between two spans is time the
@@ -32,9 +32,9 @@ from typing import Dict, List
 
 import torch
 
-TOOLS = Path(__file__).resolve().parent
-ROOT = TOOLS.parent
-sys.path[:0] = [str(ROOT), str(TOOLS), str(ROOT / "examples")]
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path[:0] = [str(ROOT), str(BENCH), str(ROOT / "examples")]
 from bench_offline import random_checkpoint, workload  # noqa: E402
 from ch11_overlap import Timeline  # noqa: E402
 
@@ -69,7 +69,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--gpu", action="store_true", help="Qwen3-0.6B config, random bf16 weights, 256 sequences")
-    ap.add_argument("--config", type=Path, default=TOOLS / "configs" / "qwen3-0.6b.json")
+    ap.add_argument("--config", type=Path, default=BENCH / "configs" / "qwen3-0.6b.json")
     ap.add_argument("--json", type=Path, default=None, help="write every step (kind, size, spans) here")
     ap.add_argument("--full-warmup", action="store_true",
                     help="warm up with the whole workload, not one short request: whatever is slow only the first "

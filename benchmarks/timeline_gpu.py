@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chapter 11's timeline on a GPU: a random-weight checkpoint in a real config, then examples/ch11_overlap.py on it.
 
-    python tools/timeline_gpu.py OUT.json [--config tools/configs/qwen3-0.6b.json]
+    python benchmarks/timeline_gpu.py OUT.json [--config benchmarks/configs/qwen3-0.6b.json]
 
 Writes the JSON the chapter's plot reads (copy it to book/data/ch11_timeline_h200.json).
 """

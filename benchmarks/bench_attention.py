@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode attention alone on a GPU: FlashInfer against minisgl's Triton split-KV kernel, per batch size.
 
-    python tools/bench_attention.py [--heads 32 8] [--batch-sizes 1 4 8 16 32 64 256] [--contexts 512 4096]
+    python benchmarks/bench_attention.py [--heads 32 8] [--batch-sizes 1 4 8 16 32 64 256] [--contexts 512 4096]
                                     [--sweep [--json F]]
 
 Every request has the same context length; the pool is read as page_size 1 (one slot per token, slots in random

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What replicas and routing policies buy, measured: two `python -m minisgl` replicas, sglang-router in front.
 
-    python tools/bench_router.py [--model PATH] [--requests 16] [--output-len 64]
+    python benchmarks/bench_router.py [--model PATH] [--requests 16] [--output-len 64]
                                  [--sessions 8] [--turns 4] [--context-words 150] [--answer-len 24]
 
 Starts the replicas with tools/serve_dp.py and a router (round_robin) in front of them:
@@ -32,7 +32,7 @@ from typing import Dict, List, Sequence
 import httpx
 from openai import OpenAI
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import serve_dp  # noqa: E402
 
 WORDS = ("river stone lantern harbor copper meadow signal orchard engine basket winter timber ladder falcon "

@@ -2,11 +2,11 @@
 """What each scheduler feature buys, measured on CPU with the embedded SmolLM2-135M (or, with --gpu, on a GPU
 with random weights in the Qwen3-0.6B config, at larger sizes).
 
-    python tools/bench_features.py continuous [--quick]   # continuous vs static batching, mixed output lengths
-    python tools/bench_features.py prefix [--quick]       # radix vs naive prefix cache, multi-turn chat
-    python tools/bench_features.py chunked [--quick]      # decode gaps while long prompts arrive, chunked or not
-    python tools/bench_features.py overlap [--quick]      # overlap scheduling on vs off, decode-heavy
-    python tools/bench_features.py chunked --gpu           # any of them on cuda (Qwen3-0.6B config, random bf16)
+    python benchmarks/bench_features.py continuous [--quick]   # continuous vs static batching, mixed output lengths
+    python benchmarks/bench_features.py prefix [--quick]       # radix vs naive prefix cache, multi-turn chat
+    python benchmarks/bench_features.py chunked [--quick]      # decode gaps while long prompts arrive, chunked or not
+    python benchmarks/bench_features.py overlap [--quick]      # overlap scheduling on vs off, decode-heavy
+    python benchmarks/bench_features.py chunked --gpu           # any of them on cuda (Qwen3-0.6B config, random bf16)
 
 Each subcommand prints one small table. Token times come from LLM.send_result (overridden to timestamp each
 token as the scheduler hands it out); steps are counted by wrapping Scheduler.launch. The machine is shared

@@ -2,7 +2,7 @@
 """Where one process's CPU time goes, from py-spy's raw (collapsed-stack) output.
 
     py-spy record --subprocesses --nonblocking --rate 200 --format raw -o spy.txt -p <server pid>
-    python tools/spy_summary.py spy.txt [--under _run_scheduler] [--skip Scheduler.__init__] [--top 30]
+    python benchmarks/spy_summary.py spy.txt [--under _run_scheduler] [--skip Scheduler.__init__] [--top 30]
 
 Keeps the samples whose stack passes through --under (default: the scheduler process's entry, launch.py's
 _run_scheduler) and not through --skip (default: start-up, the scheduler's constructor), then prints each function's

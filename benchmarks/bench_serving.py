@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Online serving benchmark: N concurrent clients against a `python -m minisgl` server (the official OpenAI client).
 
-    python tools/bench_serving.py [--url http://127.0.0.1:1919] [--model PATH] [--concurrency 16]
+    python benchmarks/bench_serving.py [--url http://127.0.0.1:1919] [--model PATH] [--concurrency 16]
                                   [--num-requests 32] [--input-len 64] [--output-len 32] [--client-procs N]
                                   [--hf-baseline | --no-hf-baseline]
 
@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--url", default=None, help="a running server; default: start one")
     ap.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2)")
     ap.add_argument("--random-config", type=Path, default=None,
-                    help="instead of --model: random bf16 weights in this config (e.g. tools/configs/qwen3-0.6b.json; "
+                    help="instead of --model: random bf16 weights in this config (e.g. benchmarks/configs/qwen3-0.6b.json; "
                          "made on the GPU, Qwen3's tokenizer)")
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--concurrency", type=int, default=16)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long Batch.prepare's per-token expansion takes on the CPU, and how badly it can stall.
 
-    python tools/bench_expand.py [--threads 0 1] [--load 2] [--calls 3000]
+    python benchmarks/bench_expand.py [--threads 0 1] [--load 2] [--calls 3000]
 
 Batch.prepare (chapter 11) expands three integers per request (page-table row, cached length, tokens this step)
 into a row and a position per token; both come from which request each token belongs to. `repeat_interleave`

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Offline throughput of minisgl against transformers, on nano-vllm's protocol.
 
-    python tools/bench_offline.py                 # CPU: SmolLM2-135M, 32 sequences, lengths 16-128
-    python tools/bench_offline.py --gpu           # the published size: Qwen3-0.6B config, random bf16 weights,
+    python benchmarks/bench_offline.py                 # CPU: SmolLM2-135M, 32 sequences, lengths 16-128
+    python benchmarks/bench_offline.py --gpu           # the published size: Qwen3-0.6B config, random bf16 weights,
                                                   # 256 sequences, lengths 100-1024
-    python tools/bench_offline.py --gpu --overlap off --cache naive --page-size 16 --attn torch --no-hf
+    python benchmarks/bench_offline.py --gpu --overlap off --cache naive --page-size 16 --attn torch --no-hf
 
 The protocol (nano-vllm's bench.py): N prompts of random token ids (random.seed(0), ids in [0, 10000)),
 input and output lengths uniform in [lo, hi], ignore_eos, greedy; one warm-up, then `llm.generate` on all
@@ -37,8 +37,8 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS.parent))  # minisgl from this tree
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))  # minisgl from this tree
 
 
 def workload(n: int, lo: int, hi: int, vocab: int) -> Tuple[List[List[int]], List[int]]:
@@ -52,7 +52,7 @@ def workload(n: int, lo: int, hi: int, vocab: int) -> Tuple[List[List[int]], Lis
 
 def random_checkpoint(config: Path) -> Path:
     """A temp folder with config.json, random N(0, 0.02) bf16 weights and a tokenizer (Qwen3's, if installed)."""
-    sys.path.insert(0, str(TOOLS))
+    sys.path.insert(0, str(BENCH))
     from bench_decode import random_checkpoint as make
 
     folder = Path(tempfile.mkdtemp(prefix="minisgl-offline-"))
@@ -271,7 +271,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--gpu", action="store_true", help="the published size on cuda (Qwen3-0.6B config, random bf16)")
     ap.add_argument("--model", default=None, help="a model folder (default: SmolLM2 on CPU, random Qwen3 on --gpu)")
-    ap.add_argument("--config", type=Path, default=TOOLS / "configs" / "qwen3-0.6b.json",
+    ap.add_argument("--config", type=Path, default=BENCH / "configs" / "qwen3-0.6b.json",
                     help="with --gpu and no --model: the config for random weights")
     ap.add_argument("--num-seqs", type=int, default=None, help="default 32 (CPU) / 256 (--gpu)")
     ap.add_argument("--min-len", type=int, default=None, help="default 16 / 100")

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Upstream mini-sglang as a benchmark peer: the same offline workload as tools/bench_offline.py --gpu.
+"""Upstream mini-sglang as a benchmark peer: the same offline workload as benchmarks/bench_offline.py --gpu.
 
-    python tools/bench_peer.py [--peer .peer/python] [--overlap on|off] [--json out.json] [--profile]
+    python benchmarks/bench_peer.py [--peer .peer/python] [--overlap on|off] [--json out.json] [--profile]
 
 Upstream's source (sgl-project/mini-sglang @20fcd7f, its `python/` folder) lives in a git-ignored folder
 (.peer/python; never committed). It runs as in the run quoted in the issue and in perf-notes: the Qwen3-0.6B
 config with dummy weights, attention_backend="fi", page size 256, CUDA graphs up to batch 256, a 16,384-token
 prefill budget, greedy, one warm-up. Its package is also named `minisgl`, so it runs in its own process.
 The model folder needs config.json and a tokenizer: --model-dir (default .peer/qwen3-0.6b), made from
-tools/configs and Qwen3's tokenizer if missing.
+benchmarks/configs and Qwen3's tokenizer if missing.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
 from bench_offline import print_rows, profile_run, timed, workload  # noqa: E402  (imports no minisgl)
 
 
@@ -60,9 +60,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSON",
                     help="print the turns of BENCHES=ab from their JSON files and stop")
-    ap.add_argument("--peer", type=Path, default=TOOLS.parent / ".peer" / "python")
-    ap.add_argument("--model-dir", type=Path, default=TOOLS.parent / ".peer" / "qwen3-0.6b")
-    ap.add_argument("--config", type=Path, default=TOOLS / "configs" / "qwen3-0.6b.json")
+    ap.add_argument("--peer", type=Path, default=BENCH.parent / ".peer" / "python")
+    ap.add_argument("--model-dir", type=Path, default=BENCH.parent / ".peer" / "qwen3-0.6b")
+    ap.add_argument("--config", type=Path, default=BENCH / "configs" / "qwen3-0.6b.json")
     ap.add_argument("--overlap", choices=["on", "off"], default="on")
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--subset", type=int, default=None, help="also time the first K sequences")
@@ -78,7 +78,7 @@ def main() -> None:
     folder = model_dir(args.model_dir, args.config)
     # upstream's minisgl is a namespace package (no __init__.py): a regular `minisgl` anywhere on sys.path (this
     # repository, via PYTHONPATH) would win over it, so this repository leaves sys.path first
-    here = TOOLS.parent.resolve()
+    here = BENCH.parent.resolve()
     sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != here]
     sys.path.insert(0, str(args.peer.resolve()))
     import torch
