@@ -6,7 +6,8 @@ import torch
 
 from minisgl.distributed import DistributedInfo, get_tp_info, set_tp_info, try_get_tp_info
 from minisgl.env import Env
-from minisgl.utils import Registry, align_down, align_ceil, div_ceil, init_logger, parse_dtype, torch_dtype
+from minisgl.utils import (Registry, align_down, align_ceil, cpu_cores, div_ceil, init_logger, parse_dtype,
+                           set_num_threads, torch_dtype)
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir, resolve_model_path
 
 
@@ -52,6 +53,14 @@ def test_misc_and_torch_utils():
     assert torch.empty(1).dtype == torch.float32
     with pytest.raises(ValueError, match="choose one of"):
         parse_dtype("fp8")
+    old = torch.get_num_threads()
+    try:
+        assert set_num_threads(1) == 1 == torch.get_num_threads()
+        assert set_num_threads(None, share=cpu_cores() + 1) == 1  # 核不够分：至少一个线程
+        with pytest.raises(ValueError, match="num_threads=0"):
+            set_num_threads(0)
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_tp_info_must_be_set(monkeypatch):

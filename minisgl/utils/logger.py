@@ -16,19 +16,11 @@ def set_log_rank(rank: int, size: int) -> None:
 
 
 class MiniLogger(logging.Logger):
-    """标准 Logger，加上只在 rank 0 打印的 *_rank0 方法。"""
+    """标准 Logger，加上只在 rank 0 打印的 info_rank0（引擎启动时的那几行，TP 下不必每个 rank 都说一遍）。"""
 
     def info_rank0(self, msg: object, *args: object) -> None:
         if _is_rank0():
             self.info(msg, *args, stacklevel=2)
-
-    def warning_rank0(self, msg: object, *args: object) -> None:
-        if _is_rank0():
-            self.warning(msg, *args, stacklevel=2)
-
-    def debug_rank0(self, msg: object, *args: object) -> None:
-        if _is_rank0():
-            self.debug(msg, *args, stacklevel=2)
 
 
 def _is_rank0() -> bool:
