@@ -24,12 +24,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import json
 import unicodedata
-import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10：pyproject 的依赖里有 tomli（同一个 API）
+    import tomli as tomllib
 
 PRACTICE = Path(__file__).resolve().parent
 WORK = PRACTICE / "work"
@@ -59,26 +64,8 @@ PYODIDE_MISSING = {
 
 
 def _load_toml(path: Path) -> dict:
-    try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            return _mini_toml(path.read_text(encoding="utf-8"))
     with open(path, "rb") as f:
         return tomllib.load(f)
-
-
-def _mini_toml(text: str) -> dict:
-    """Python 3.10 且没有 tomli 时的后备：只认 exercise.toml 用到的 key = "字符串" / 整数 / true / false。"""
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'\s*([A-Za-z_][\w-]*)\s*=\s*("(?:[^"\\]|\\.)*"|true|false|-?\d+)\s*(#.*)?$', line)
-        if m:
-            key, val = m.group(1), m.group(2)
-            out[key] = (val == "true") if val in ("true", "false") else (val[1:-1] if val[0] == '"' else int(val))
-    return out
 
 
 @dataclass
@@ -219,15 +206,16 @@ def run_exercise(ex: Exercise, target: Path) -> Outcome:
         tmpd = Path(tmp)
         shutil.copyfile(target, tmpd / f"{ex.module}.py")
         shutil.copyfile(ex.dir / "test_exercise.py", tmpd / "test_exercise.py")
+        shutil.copyfile(PRACTICE / "judge_report.py", tmpd / "judge_report.py")
         (tmpd / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-        xml = tmpd / "report.xml"
+        report = tmpd / "report.jsonl"
         cmd = [
-            sys.executable, "-m", "pytest", "test_exercise.py", "-q", "-rN",
+            sys.executable, "-m", "pytest", "test_exercise.py", "-q", "-rN", "-p", "judge_report",
             "-p", "no:cacheprovider", "-c", str(tmpd / "pytest.ini"), "--rootdir", str(tmpd),
-            f"--junitxml={xml}", "-o", "junit_family=xunit1",
         ]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-        env.update(PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONIOENCODING="utf-8")
+        env.update(PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONIOENCODING="utf-8",
+                   JUDGE_REPORT=str(report))
         try:
             proc = subprocess.run(cmd, cwd=tmpd, env=env, capture_output=True, text=True,
                                   encoding="utf-8", errors="replace", timeout=ex.timeout)
@@ -238,7 +226,7 @@ def run_exercise(ex: Exercise, target: Path) -> Outcome:
         # 报告里的临时路径换回被测文件的真实路径
         shown = (str(tmpd / f"{ex.module}.py"), _rel(target))
         output = (proc.stdout + proc.stderr).replace(*shown)
-        tests = _parse_junit(xml) if xml.exists() else []
+        tests = _read_report(report)
         for t in tests:
             t.reason = t.reason.replace(*shown)
     outcome = Outcome(ex, target, proc.returncode, time.monotonic() - t0, tests, output=output)
@@ -251,29 +239,12 @@ def run_exercise(ex: Exercise, target: Path) -> Outcome:
     return outcome
 
 
-def _parse_junit(xml: Path) -> List[TestResult]:
-    out = []
-    try:
-        root = ET.parse(xml).getroot()
-    except ET.ParseError:
-        return out
-    for case in root.iter("testcase"):
-        name = case.get("name", "?")
-        if not case.get("classname") and name == "test_exercise":
-            kids = list(case)
-            reason = _error_line(kids[0].text or "") if kids else ""
-            out.append(TestResult("<collection>", "error", reason or _first_line(kids[0].get("message", "") if kids else "")))
-            continue
-        outcome, reason = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed" if child.tag == "failure" else "error"
-                reason = _first_line(child.get("message", "")) or _error_line(child.text or "")
-                break
-            if child.tag == "skipped":
-                outcome, reason = "skipped", _first_line(child.get("message", ""))
-        out.append(TestResult(name, outcome, reason))
-    return out
+def _read_report(path: Path) -> List[TestResult]:
+    """judge_report.py（pytest 插件）每个测试写一行 JSON：名字、结果、原因。"""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [TestResult(r["name"], r["outcome"], _first_line(r["reason"]) or _error_line(r["text"])) for r in rows]
 
 
 def run_many(jobs: List[Tuple[Exercise, Path]]) -> List[Outcome]:
@@ -363,7 +334,7 @@ def imports_of(path: Path) -> List[Tuple[str, int]]:
 
 def browser_problems(ex: Exercise) -> List[str]:
     """browser = true 的练习：stub、测试（和参考答案）只能 import Pyodide 里有的标准库 + pytest + 被测模块。"""
-    stdlib = set(getattr(sys, "stdlib_module_names", ())) or _stdlib_fallback()
+    stdlib = set(sys.stdlib_module_names)
     problems = []
     for fname in ("stub.py", "test_exercise.py", "solution.py"):
         for mod, line in imports_of(ex.dir / fname):
@@ -377,13 +348,6 @@ def browser_problems(ex: Exercise) -> List[str]:
             elif mod in PYODIDE_MISSING:
                 problems.append(f"{where}: import {mod} 是标准库，但 Pyodide 里不能用")
     return problems
-
-
-def _stdlib_fallback() -> set:  # pragma: no cover - Python < 3.10
-    import sysconfig
-
-    std = Path(sysconfig.get_paths()["stdlib"])
-    return {p.stem for p in std.iterdir()} | set(sys.builtin_module_names)
 
 
 def api_problems(ex: Exercise) -> List[str]:
