@@ -9,9 +9,11 @@
     python tools/book.py page [PATH]        execute a page that is not a chapter (default book/performance.ipynb:
                                             it only reads the chapters' stored GPU outputs and book/data/h200/)
                                             and store its outputs
-    python tools/book.py nbval [chNN ...]   the chapter notebooks under pytest --nbval (what CI runs): every cell
+    python tools/book.py nbval [chNN ...] [-j N]
+                                            the chapter notebooks under pytest --nbval (what CI runs): every cell
                                             runs and its output must equal the stored one after
-                                            book/nbval_sanitize.cfg (cells tagged nbval-ignore-output excepted)
+                                            book/nbval_sanitize.cfg (cells tagged nbval-ignore-output excepted);
+                                            N notebooks at once (default: the CPU cores), longest first
 
 The toc is generated because only chapters whose notebook exists may be listed (a missing file fails the
 build): book/intro.md is the root, book/preface.md comes first, then the chapters in three parts, one per
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 import re
 import shutil
 import subprocess
@@ -137,16 +140,35 @@ def cmd_build(rebuild_all: bool, practice: bool) -> int:
     return 0
 
 
-def cmd_nbval(names: List[int]) -> int:
+def stored_test_seconds(path: Path) -> float:
+    """How long the chapter's tests took in its stored test cell ("ch11 ... ok (155.6s)"); 0 if none."""
+    import nbformat
+
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code" and "tools/steps.py test" in cell.source:
+            text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+            return sum(float(s) for s in re.findall(r"ok \(([\d.]+)s\)", text))
+    return 0.0
+
+
+def cmd_nbval(names: List[int], workers: int) -> int:
+    """Each notebook runs in its own kernel on one of `workers` pytest-xdist workers (a whole notebook per worker,
+    --dist loadfile), longest first (by the test time stored in its test cell), each with one torch thread."""
     paths = [chapter_path(n) for n in names] if names else chapters()
     if not paths:
         print("no chapter notebooks")
         return 1
+    workers = max(1, min(workers, len(paths)))
+    env = dict(os.environ)
+    if workers > 1:
+        paths = sorted(paths, key=stored_test_seconds, reverse=True)
+        env.setdefault("OMP_NUM_THREADS", "1")  # 每个内核（和它启动的进程）一个线程：几个笔记本同时跑也不抢核
     cmd = [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
            f"--nbval-sanitize-with={SANITIZE.relative_to(ROOT)}", "-p", "no:cacheprovider", "-q",
+           *(["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []),
            *[p.relative_to(ROOT).as_posix() for p in paths]]
     print(" ".join(cmd[2:]))
-    return subprocess.run(cmd, cwd=ROOT).returncode
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
 def cmd_page(path: Path) -> int:
@@ -170,6 +192,8 @@ def main(argv: List[str] | None = None) -> int:
     b.add_argument("--no-practice", action="store_true", help="skip _build/html/practice (browser exercises)")
     n = sub.add_parser("nbval", help="pytest --nbval (strict, sanitized) on the chapter notebooks")
     n.add_argument("names", type=chapter_arg, nargs="*", help="chapters: 5, ch05 or ch05_slug (default: all)")
+    n.add_argument("-j", "--workers", type=int, default=os.cpu_count() or 1,
+                   help="notebooks run at once (pytest-xdist; default: the CPU cores)")
     pg = sub.add_parser("page", help="execute a page that is not a chapter and store its outputs")
     pg.add_argument("path", type=Path, nargs="?", default=ROOT / "book" / "performance.ipynb")
     args = ap.parse_args(argv)
@@ -179,7 +203,7 @@ def main(argv: List[str] | None = None) -> int:
         return cmd_toc(args.check)
     if args.cmd == "build":
         return cmd_build(args.all, not args.no_practice)
-    return cmd_nbval(args.names)
+    return cmd_nbval(args.names, args.workers)
 
 
 if __name__ == "__main__":

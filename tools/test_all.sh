@@ -1,10 +1,35 @@
 #!/usr/bin/env bash
-# Install, then run every check the project has (CI runs exactly this: .ci/run).
+# Install, then run every check the project has (CI runs this as the README's command 2: .ci/run).
 #   bash tools/test_all.sh
+# At the end (and on a failure) it prints how long each step took. The edit-test loop is `python tools/quick.py`
+# (CONTRIBUTING.md): the tangle, the touched chapters' tests and the judge, in minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-step() { echo; echo "=== $* ($(date +%H:%M:%S))"; }
+STEPS=()  # "seconds|name" of each finished step
+CURRENT="" ; STARTED=0
+step() {
+  finish_step
+  CURRENT="$*"; STARTED=$(date +%s)
+  echo; echo "=== $* ($(date +%H:%M:%S))"
+}
+finish_step() {
+  [ -n "$CURRENT" ] && STEPS+=("$(( $(date +%s) - STARTED ))|$CURRENT")
+  CURRENT=""
+}
+report() {
+  local rc=$? failed="$CURRENT"
+  finish_step
+  echo; echo "=== time per step"
+  local total=0 row
+  for row in "${STEPS[@]}"; do
+    printf '%6ss  %s\n' "${row%%|*}" "${row#*|}" | cut -c1-110
+    total=$(( total + ${row%%|*} ))
+  done
+  printf '%6ss  total\n' "$total"
+  [ $rc = 0 ] || echo "FAILED in: $failed (exit $rc)"
+}
+trap report EXIT
 
 step install
 bash tools/install.sh
@@ -12,13 +37,8 @@ bash tools/install.sh
 step "tangle --check: minisgl/, examples/, tests/ equal what the notebooks tangle to"
 "$PY" tools/steps.py tangle --check
 
-# Each chapter's tests (tests/test_chNN_*.py inside .build/trees/chNN/, the code as of chapter N) run once, in the
-# nbval step below: every notebook's test cell is `steps.py test N` and its output is compared strictly, and the
-# root conftest.py refuses a chapter whose test cell is missing, excused or stored failing. Run them alone with
-# `python tools/steps.py test [N ...]`.
-
-# Each chapter's example runs once too, in the nbval step (its cell runs inside chapter N's tree, so it sees the code
-# of chapters 1..N alone, and its output is compared strictly); here only a static check that it compiles and that
+# Each chapter's example runs once, in the nbval step (its cell runs inside chapter N's tree, so it sees the code of
+# chapters 1..N alone, and its output is compared strictly); here only a static check that it compiles and that
 # chapters 1..N make every minisgl module and name it imports. Run them alone: `python tools/steps.py check [N ...]`.
 step "steps.py check --static: each chapter's example compiles and imports only what chapters 1..N make"
 "$PY" tools/steps.py check --static
@@ -40,13 +60,17 @@ fi
 step "practice: reference solutions pass, untouched stubs fail"
 "$PY" practice/judge.py --self-check
 
-step "tools: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
+step "benchmarks: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
 "$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
 
-step "tools: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
+step "benchmarks: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
 "$PY" benchmarks/bench_expand.py --calls 20 --load 0 --threads 1
 
+# Each chapter's tests (tests/test_chNN_*.py inside .build/trees/chNN/, the code as of chapter N) run once, here:
+# every notebook's test cell is `steps.py test N` and its output is compared strictly, and the root conftest.py
+# refuses a chapter whose test cell is missing, excused or stored failing. One notebook per CPU core at a time.
 step "notebooks: every cell runs and prints what it stored (nbval, strict), incl. each chapter's tests; gpu cells skipped on CPU"
 "$PY" tools/book.py nbval
 
 step "all checks passed"
+finish_step
