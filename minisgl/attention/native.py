@@ -57,8 +57,10 @@ class NativeAttnBackend(BaseAttnBackend):
         assert isinstance(meta, NativeAttnMetadata)
         k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)  # [slots, Hkv, D]
         if batch.is_decode:
-            keys = k_cache[meta.kv_slots].transpose(1, 2)  # [B, Hkv, L, D]
-            values = v_cache[meta.kv_slots].transpose(1, 2)  # [B, Hkv, L, D]
+            B, L = meta.kv_slots.shape
+            slots = meta.kv_slots.flatten()  # [B·L]
+            keys = k_cache.index_select(0, slots).view(B, L, *k_cache.shape[1:]).transpose(1, 2)  # [B, Hkv, L, D]
+            values = v_cache.index_select(0, slots).view(B, L, *v_cache.shape[1:]).transpose(1, 2)  # [B, Hkv, L, D]
             mask = meta.kv_mask[:, None, None, :]  # [B, 1, 1, L]
             out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask,
                                                  enable_gqa=True)  # [B, H, 1, D]
@@ -66,7 +68,8 @@ class NativeAttnBackend(BaseAttnBackend):
         out = torch.empty_like(q)  # [T, H, D]
         for i, (start, end) in enumerate(zip(meta.cu_seqlens_q, meta.cu_seqlens_q[1:])):
             slots = meta.kv_slots[i, :meta.seq_lens[i]]  # [S_i]：这个请求的全部上下文
-            keys, values = k_cache[slots].transpose(0, 1), v_cache[slots].transpose(0, 1)  # [Hkv, S_i, D]
+            keys = k_cache.index_select(0, slots).transpose(0, 1)  # [Hkv, S_i, D]
+            values = v_cache.index_select(0, slots).transpose(0, 1)  # [Hkv, S_i, D]
             positions = batch.positions[start:end]  # [Q_i]
             causal = torch.arange(len(slots), device=q.device)[None, :] <= positions[:, None]  # [Q_i, S_i]
             out[start:end] = F.scaled_dot_product_attention(
