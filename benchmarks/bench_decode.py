@@ -7,7 +7,8 @@
 Random bf16 weights in a real config (written once to a temp folder), the fi attention backend. For each
 batch size, bs requests whose first `context` tokens are already in the KV pool take one decode step; the
 time per step is measured with CUDA events over 30 steps (after warm-up), CUDA graphs off and on. The floor
-is what one step must read — the weights plus the live KV — over the device copy bandwidth measured here.
+is what one step must read — the weights (of an untied embedding table only the batch's rows) plus the live KV —
+over the device copy bandwidth measured here.
 """
 from __future__ import annotations
 
@@ -105,7 +106,10 @@ def main() -> None:
         max_bs = max(args.batch_sizes)
         ctx = args.context
         engine = decode_engine(folder, max_bs, ctx, graphs)
-        weight_bytes = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())
+        weights = engine.model.state_dict()
+        weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        embed = weights["model.embed_tokens.weight"]
+        untied = not engine.model_config.tie_word_embeddings  # 绑定时 LM head 整个读一遍词表，下限里留着它
         per_token = 2 * engine.model_config.num_layers * engine.kv_cache.k_cache(0).shape[1] * \
             engine.model_config.head_dim * engine.dtype.itemsize
         for bs in args.batch_sizes:
@@ -127,7 +131,9 @@ def main() -> None:
                         times.append((ev[0].elapsed_time(ev[2]), ev[1].elapsed_time(ev[2])))
             step_ms = sorted(t[0] for t in times)[len(times) // 2]
             fwd_ms = sorted(t[1] for t in times)[len(times) // 2]
-            floor_ms = (weight_bytes + bs * ctx * per_token) / bw * 1000
+            # 一步真正读的：权重（没绑定时词嵌入只读 bs 行，不是整张表）+ 活着的 KV
+            read = weight_bytes - untied * (embed.numel() - bs * embed.shape[1]) * embed.element_size()
+            floor_ms = (read + bs * ctx * per_token) / bw * 1000
             rows.append((engine.model_config.architecture, graphs, bs, step_ms, fwd_ms, floor_ms))
         engine.shutdown()
         del engine
@@ -135,7 +141,8 @@ def main() -> None:
     name = args.config.stem
     print(f"\n{name}: decode step, context {args.context} tokens per request, bf16, fi attention, page size 16, "
           f"split-KV up to {FlashInferSplitKVBackend.MAX_BS} requests")
-    print(f"device copy bandwidth {bw / 1e12:.2f} TB/s; floor = (weights + live KV) / bandwidth")
+    print(f"device copy bandwidth {bw / 1e12:.2f} TB/s; floor = (bytes a step reads: the weights, of an untied "
+          f"embedding only the batch's rows, and the live KV) / bandwidth")
     print("step = prepare_batch + forward_batch (host work included); forward = forward_batch alone")
     print(f"{'graphs':>7} {'batch':>6} {'step ms':>8} {'forward ms':>10} {'floor ms':>9} {'fwd/floor':>9} "
           f"{'tokens/s':>9}")
