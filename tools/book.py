@@ -32,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import List
@@ -125,6 +126,7 @@ def cmd_build(rebuild_all: bool, practice: bool) -> int:
         print(p)
     if problems:
         return 1
+    bundle_mathjax()
     web = ROOT / "tools" / "build_practice_web.py"
     cached = any((ROOT / "practice" / ".cache").glob("pyodide-*"))
     if practice and not cached and shutil.which("npm") is None:
@@ -149,6 +151,40 @@ def stored_test_seconds(path: Path) -> float:
             text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
             return sum(float(s) for s in re.findall(r"ok \(([\d.]+)s\)", text))
     return 0.0
+
+
+MATHJAX_VERSION = "3.2.2"
+MATHJAX_PARTS = ("tex-chtml.js", "input", "output", "ui", "a11y", "sre")  # the component and what it loads on demand
+
+
+def bundle_mathjax() -> None:
+    """MathJax inside the site (_static/mathjax/, _config.yml's mathjax_path), so formulas render offline.
+
+    `npm pack mathjax@VERSION` once into .build/npm/ (ignored by git), then copy the es5 files the page uses. With
+    no npm and no cache, a two-line loader takes MathJax from the CDN instead (formulas then need a network).
+    """
+    dest = HTML / "_static" / "mathjax"
+    cache = ROOT / ".build" / "npm" / f"mathjax-{MATHJAX_VERSION}"
+    es5 = cache / "package" / "es5"
+    if not (es5 / "tex-chtml.js").exists() and shutil.which("npm"):
+        cache.mkdir(parents=True, exist_ok=True)
+        tgz = subprocess.run(["npm", "pack", f"mathjax@{MATHJAX_VERSION}", "--silent"], cwd=cache, check=True,
+                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        with tarfile.open(cache / tgz) as tar:
+            tar.extractall(cache, members=[m for m in tar.getmembers() if m.name.startswith("package/es5/")])
+        (cache / tgz).unlink()
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    if not (es5 / "tex-chtml.js").exists():
+        print("warning: no npm here, so MathJax is not bundled: the formulas load it from the CDN (needs a network)")
+        url = f"https://cdn.jsdelivr.net/npm/mathjax@{MATHJAX_VERSION}/es5/tex-chtml.js"
+        (dest / "tex-chtml.js").write_text(
+            f"var s = document.createElement('script'); s.src = '{url}'; s.async = true;\n"
+            "document.head.appendChild(s);\n", encoding="utf-8")
+        return
+    for part in MATHJAX_PARTS:
+        src = es5 / part
+        (shutil.copytree if src.is_dir() else shutil.copyfile)(src, dest / part)
 
 
 def cmd_nbval(names: List[int], workers: int) -> int:

@@ -1,4 +1,5 @@
-// 在无头 Chromium 里做一遍浏览器练习页上的每一道题（CI：tools/test_all.sh 在构建完书之后运行它）。
+// 在无头 Chromium 里读一遍书（每一页离线可读、公式排好）并做一遍浏览器练习页上的每一道题（CI：tools/test_all.sh
+// 在构建完书之后运行它）。
 //
 //   python tools/book.py build                       # 书和练习页 → _build/html/，练习页在 _build/html/practice/
 //   npm ci --prefix practice/web                     # 一次：playwright-core（tools/install.sh 会装），不下载浏览器
@@ -127,6 +128,25 @@ const listState = () => page.$$eval("#listview tr[data-ex]", (rows) => rows.map(
 const httpOk = async (url) => (await fetch(url)).ok;
 
 try {
+  // 0. 书的每一页离线可读：不向 127.0.0.1 以外发任何请求，公式由书里自带的 MathJax 排好，代码清单不折行（横向滚动）
+  const pages = ["book/performance.html", ...fs.readdirSync(path.join(site, "book", "chapters"))
+    .filter((f) => f.endsWith(".html")).sort().map((f) => `book/chapters/${f}`)];
+  const outside = [];
+  await page.route((url) => !url.toString().startsWith(origin), (route) => { outside.push(route.request().url()); route.abort(); });
+  for (const rel of pages) {
+    outside.length = 0;
+    await page.goto(`${origin}/${rel}`, { waitUntil: "networkidle" });
+    const math = await page.$$eval(".math", (e) => e.length);
+    if (math) await page.waitForFunction((n) => document.querySelectorAll("mjx-container").length >= n, math, { timeout: 30000 })
+      .catch(() => {});
+    const rendered = await page.$$eval("mjx-container", (e) => e.length);
+    const wraps = await page.$$eval("div.cell_input div.highlight pre", (e) => e.filter((x) => getComputedStyle(x).whiteSpace !== "pre").length);
+    check(outside.length === 0 && rendered >= math && wraps === 0,
+      `${rel}：离线（对外请求 ${outside.length}${outside.length ? "：" + outside.slice(0, 3).join(" ") : ""}），公式 ${rendered}/${math} 排好，` +
+      `折行的代码清单 ${wraps}`);
+  }
+  await page.unroute(() => true);
+
   const manifest = await (await fetch(`${base}exercises.json`)).json();
   const names = manifest.exercises.map((e) => e.name);
   check(JSON.stringify([...names].sort()) === JSON.stringify(repoExercises),

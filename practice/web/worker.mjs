@@ -78,7 +78,7 @@ self.onmessage = async (ev) => {
     if (msg.type === "init") {
       const t0 = performance.now();
       await init(msg.wheels);
-      self.postMessage({ type: "ready", seconds: (performance.now() - t0) / 1000, version: py.version });
+      self.postMessage({ type: "ready", seconds: (performance.now() - t0) / 1000, version: py.runPython("import platform; platform.python_version()"), pyodide: py.version });
     } else if (msg.type === "run") {
       const t0 = performance.now();
       const res = JSON.parse(runTests(msg.module, msg.code, msg.tests));
