@@ -6,6 +6,7 @@
                                             toc, `jupyter-book build . -W --keep-going` -> _build/html/,
                                             then the browser exercises -> _build/html/practice/
                                             (tested in headless Chromium: node tools/test_practice_web.mjs _build/html)
+    python tools/book.py lint               no word a reader outside the project cannot follow (INTERNAL_WORDS)
     python tools/book.py page [PATH]        execute a page that is not a chapter (default book/performance.ipynb:
                                             it only reads the chapters' stored GPU outputs and book/data/h200/)
                                             and store its outputs
@@ -153,6 +154,40 @@ def stored_test_seconds(path: Path) -> float:
     return 0.0
 
 
+# Words a reader outside the project cannot follow (BOOK.md §3.5): machine leases and their history, private notes,
+# issue numbers, paths outside the repository. Checked in the book's pages and the README (`book.py lint`, CI).
+INTERNAL_WORDS = re.compile(
+    r"租用|租期|这次租|另一次租|\blease[sd]?\b|perf-notes|shared/|\.\./shared|wheelhouse|\.peer/|"
+    r"\bissue\s*#?\d+|issue \d+|目标（issue|DEVELOPERS\.md|closing note|helper|session", re.IGNORECASE)
+LINTED = ("book/chapters/*.ipynb", "book/*.ipynb", "book/*.md", "README.md")
+
+
+def cmd_lint() -> int:
+    """Every page a reader sees (the chapters' markdown and outputs, the appendix pages, the README) is free of
+    INTERNAL_WORDS. Prints each hit with its file and cell."""
+    import nbformat
+
+    hits = []
+    for pattern in LINTED:
+        for path in sorted(ROOT.glob(pattern)):
+            rel = path.relative_to(ROOT).as_posix()
+            if path.suffix == ".ipynb":
+                for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+                    texts = [cell.source] + [o.get("text", "") for o in cell.get("outputs", []) if "text" in o]
+                    for text in texts:
+                        for m in INTERNAL_WORDS.finditer(text):
+                            hits.append(f"{rel} cell {i}: …{text[max(0, m.start() - 30):m.end() + 30]}…")
+            else:
+                for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                    hits += [f"{rel}:{n}: …{line[max(0, m.start() - 30):m.end() + 30]}…"
+                             for m in INTERNAL_WORDS.finditer(line)]
+    for h in hits:
+        print(h.replace("\n", " "))
+    print(f"lint: {len(hits)} internal word(s) in the book and the README" if hits else
+          "lint: no internal words in the book and the README")
+    return 1 if hits else 0
+
+
 MATHJAX_VERSION = "3.2.2"
 MATHJAX_PARTS = ("tex-chtml.js", "input", "output", "ui", "a11y", "sre")  # the component and what it loads on demand
 
@@ -230,11 +265,14 @@ def main(argv: List[str] | None = None) -> int:
     n.add_argument("names", type=chapter_arg, nargs="*", help="chapters: 5, ch05 or ch05_slug (default: all)")
     n.add_argument("-j", "--workers", type=int, default=os.cpu_count() or 1,
                    help="notebooks run at once (pytest-xdist; default: the CPU cores)")
+    sub.add_parser("lint", help="no word a reader outside the project cannot follow (leases, issue numbers, ...)")
     pg = sub.add_parser("page", help="execute a page that is not a chapter and store its outputs")
     pg.add_argument("path", type=Path, nargs="?", default=ROOT / "book" / "performance.ipynb")
     args = ap.parse_args(argv)
     if args.cmd == "page":
         return cmd_page(args.path)
+    if args.cmd == "lint":
+        return cmd_lint()
     if args.cmd == "toc":
         return cmd_toc(args.check)
     if args.cmd == "build":
