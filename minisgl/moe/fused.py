@@ -202,7 +202,7 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router
                      TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1), RENORM=renormalize)
     # 2. 排序：块数取上界（每个有活的专家至多多出一个不满的块），于是形状与路由的结果无关
     num_blocks = -(-P // b.bm) + min(E, P)
-    chunk = min(1024, max(16, 16384 // block_e))
+    chunk = min(1024, max(16, 4096 // block_e))  # align 的每个实例放 chunk 个对（[chunk, E] 的比较矩阵）
     starts = torch.empty(E, dtype=torch.int32, device=dev)  # [E]：第 e 段从第几行开始
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=dev)  # 每块的专家，-1 是空块
     sorted_pairs = torch.empty(num_blocks * b.bm, dtype=torch.int32, device=dev)  # [R]：每行是哪个对
