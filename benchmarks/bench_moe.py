@@ -296,7 +296,8 @@ def run_offline(args: argparse.Namespace) -> None:
     else:
         llm, generate, desc, folder = minisgl_llm(args)
     for n in WARMUP_PREFILLS:  # 一次 prefill n 个 token（1000 个一条、各不相同）：每档分块的 kernel 都先编译好
-        warm = [[(131 * j + 7 * i) % 10000 + 1 for i in range(min(n, 1000))] for j in range(-(-n // 1000))]
+        top = min(10000, cfg["vocab_size"]) - 1
+        warm = [[(131 * j + 7 * i) % top + 1 for i in range(min(n, 1000))] for j in range(-(-n // 1000))]
         generate(warm, [2] * len(warm))
 
     def go(ps, outs) -> int:
@@ -329,7 +330,8 @@ def minisgl_llm(args: argparse.Namespace):
         params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in outs]
         return [len(o["token_ids"]) for o in llm.generate(ps, params, use_tqdm=False)]
 
-    return llm, generate, "minisgl (overlap on, radix cache, page 16, attn fi, graphs on, moe triton)", folder
+    moe = type(llm.engine.ctx.moe_backend).__name__
+    return llm, generate, f"minisgl (overlap on, radix cache, page 16, attn fi, graphs on, moe {moe})", folder
 
 
 def upstream_llm(args: argparse.Namespace):
