@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from minisgl.models import MODELS, BaseLLMModel, ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
+from minisgl.models import (MODELS, BaseLLMModel, ModelConfig, SimpleKVCache, create_model, greedy_generate,
+                            init_dummy_weight, load_weight)
 from minisgl.models.weight import map_weight_name, merge_weights
 from minisgl.utils import torch_dtype
 from minisgl.utils.hf import load_hf_config
@@ -79,6 +80,40 @@ def test_greedy_generate_stops_and_checks(tiny_qwen3: Path) -> None:
         ghost = create_model(ours.config)
     with pytest.raises(ValueError, match="meta device"):
         load_weight(ghost, tiny_qwen3)
+
+
+def test_init_dummy_weight_writes_every_parameter(tiny_qwen3: Path) -> None:
+    config = ModelConfig.from_hf(load_hf_config(tiny_qwen3))
+    models = [create_model(config) for _ in range(3)]
+    for model in models:
+        for tensor in model.state_dict().values():
+            tensor.fill_(float("nan"))  # 没被写到的参数会一直是 NaN
+    for model, seed in zip(models, (0, 0, 1)):
+        init_dummy_weight(model, seed)
+    a, b, c = (model.state_dict() for model in models)
+    for name, t in a.items():
+        if t.dim() == 1:  # 这些模型的一维参数都是 norm 的权重
+            assert torch.equal(t, torch.ones_like(t)), name
+        else:
+            assert t.isfinite().all() and abs(t.std().item() - 0.02) < 0.002, name
+            assert not torch.equal(t, c[name]), f"{name}: seed 1 gave the same values as seed 0"
+        assert torch.equal(t, b[name]), f"{name}: two calls with seed 0 differ"
+    with torch.device("meta"):
+        ghost = create_model(config)
+    with pytest.raises(ValueError, match="meta device"):
+        init_dummy_weight(ghost)
+
+
+def test_dummy_weights_keep_48_bf16_layers_finite(tiny_qwen3: Path) -> None:
+    """Qwen3-30B-A3B 有 48 层：随机权重的 bf16 模型走完 48 层，logits 仍是有限的、不全相同的数。"""
+    config = dataclasses.replace(ModelConfig.from_hf(load_hf_config(tiny_qwen3)), num_layers=48)
+    with torch_dtype(torch.bfloat16):
+        model = create_model(config)
+    init_dummy_weight(model)
+    ids = torch.tensor(PROMPT)
+    logits = all_logits(model, ids, torch.arange(len(PROMPT)),
+                        SimpleKVCache(config, len(PROMPT), ids.device, torch.bfloat16))  # [T, V] bf16
+    assert logits.isfinite().all() and logits.float().std() > 0
 
 
 def test_smollm2_matches_transformers(smollm2: Path) -> None:

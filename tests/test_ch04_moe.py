@@ -1,19 +1,50 @@
 # Tangled from book/chapters/ch04_moe.ipynb — edit the notebook, not this file.
-"""第 4 章：MoE 块等于 transformers 的 Qwen3MoeSparseMoeBlock；整个 Qwen3-MoE 的 logits 与贪心 token 逐个相同。"""
+"""第 4 章：MoE 块等于 transformers 的 Qwen3MoeSparseMoeBlock；整个 Qwen3-MoE 的 logits 与贪心 token 逐个相同；
+前向不和 CPU 同步；Triton 的 kernel（CPU 上用解释器，GPU 上编译）与参照一致，能录进 CUDA Graph。"""
+import dataclasses
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
+import minisgl
+from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, init_dummy_weight, load_weight
 from minisgl.models.weight import stack_experts
-from minisgl.moe import MOE_BACKENDS, MoELayer, create_moe_backend, select_experts
+from minisgl.moe import MOE_BACKENDS, MoELayer, create_moe_backend, fused_moe, resolve_moe_backend, select_experts
+from minisgl.moe.fused import Blocks
+from minisgl.utils import torch_dtype
 from minisgl.utils.hf import load_hf_config
 
 pytestmark = pytest.mark.usefixtures("tp1")  # 单进程
 PROMPT = [9707, 11, 847, 829, 374, 11097, 13, 3555, 374, 279, 6722, 315, 9625, 30]  # Qwen3 分词器的一句话
+
+
+def random_layer(T: int, H: int, E: int, I: int, device="cpu", dtype=torch.float32, seed: int = 0):
+    """一层随机的专家权重、T 个 token 的输入和路由 logits：(x, gate_up, down, router_logits)。"""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(T, H, generator=g, device=device).to(dtype)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g, device=device) / H ** 0.5).to(dtype)
+    down = (torch.randn(E, H, I, generator=g, device=device) / I ** 0.5).to(dtype)
+    return x, gate_up, down, (torch.randn(T, E, generator=g, device=device) * 2).to(dtype)
+
+
+def reference_moe(x, gate_up, down, router_logits, top_k: int, renormalize: bool) -> torch.Tensor:
+    """float32 的参照：对每个专家，挑出选了它的 token 算一遍（有同步、有循环，只为清楚）。"""
+    x, gate_up, down = x.float(), gate_up.float(), down.float()
+    weights, ids = select_experts(router_logits.float(), top_k, renormalize)
+    out = torch.zeros_like(x)
+    for e in range(gate_up.shape[0]):
+        tok, j = (ids == e).nonzero(as_tuple=True)
+        gate, up = F.linear(x[tok], gate_up[e]).chunk(2, dim=-1)
+        out.index_add_(0, tok, F.linear(F.silu(gate) * up, down[e]) * weights[tok, j, None])
+    return out
 
 
 @pytest.mark.parametrize("norm_topk_prob", [False, True])
@@ -60,6 +91,44 @@ def test_qwen3_moe_matches_transformers(fixture: str, request) -> None:
     assert len(set(ref_tokens)) > 4, "the oracle repeats one token: this test would catch nothing"
 
 
+def test_grouped_moe_runs_on_the_meta_device() -> None:
+    x, gate_up, down, logits = (t.to("meta", torch.bfloat16) for t in random_layer(12, 32, 8, 16))
+    out = create_moe_backend("torch").forward(x, gate_up, down, logits, 2, True)
+    assert out.is_meta and out.shape == (12, 32)
+    with pytest.raises(NotImplementedError):  # 反例：一个专家一次矩阵乘的写法要先数出每个专家几行
+        torch.bincount(logits.argmax(-1), minlength=8).tolist()
+
+
+INTERPRETED = [  # (T, H, E, K, I, renormalize, 分块)：None 是 choose_blocks 给的 decode 分块
+    (1, 32, 8, 3, 16, True, None),
+    (7, 48, 16, 4, 24, False, None),
+    (50, 32, 8, 3, 16, True, Blocks(32, 64, 64, 64, 4, 2)),
+    (50, 64, 8, 3, 32, True, Blocks(64, 16, 32, 32, 4, 2)),
+    (30, 32, 4, 2, 16, False, Blocks(128, 16, 32, 16, 4, 2)),
+]
+
+
+def run_interpreted_cases() -> None:
+    """在 TRITON_INTERPRET=1 的子进程里运行：这个变量要在 Triton 第一次被导入之前设好。"""
+    for T, H, E, K, I, renorm, blocks in INTERPRETED:
+        x, gate_up, down, logits = random_layer(T, H, E, I, seed=T)
+        got = fused_moe(x, gate_up, down, logits, K, renorm, blocks)
+        ref = reference_moe(x, gate_up, down, logits, K, renorm)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"T={T} {blocks}: {m}")
+        assert torch.equal(create_moe_backend("triton").forward(x, gate_up, down, logits, K, renorm),
+                           fused_moe(x, gate_up, down, logits, K, renorm))
+
+
+def test_triton_kernels_match_reference_interpreted() -> None:
+    pytest.importorskip("triton")
+    root = Path(minisgl.__file__).resolve().parents[1]  # 这一章的树：子进程导入同一个 minisgl
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", "import test_ch04_moe as t; t.run_interpreted_cases()"],
+                          cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_select_experts() -> None:
     torch.manual_seed(0)
     logits = torch.randn(50, 16) * 3
@@ -88,6 +157,91 @@ def test_stack_experts_any_order() -> None:
 
 
 def test_moe_backend_registry() -> None:
-    assert "torch" in MOE_BACKENDS.names()
+    assert {"torch", "triton"} <= set(MOE_BACKENDS.names())
     with pytest.raises(ValueError, match="torch"):
         create_moe_backend("fused")
+    cpu = torch.device("cpu")
+    assert resolve_moe_backend("auto", cpu) == "torch" and resolve_moe_backend("triton", cpu) == "triton"
+    assert not create_moe_backend("torch").supports_cuda_graph
+
+
+def test_dummy_weights_keep_48_bf16_moe_layers_finite(tiny_qwen3_moe) -> None:
+    config = dataclasses.replace(ModelConfig.from_hf(load_hf_config(tiny_qwen3_moe)), num_layers=48)
+    with torch_dtype(torch.bfloat16):
+        model = create_model(config)
+    init_dummy_weight(model)
+    ids = torch.tensor(PROMPT)
+    cache = SimpleKVCache(config, len(PROMPT), ids.device, torch.bfloat16)
+    logits = model.lm_head.forward(model.model.forward(ids, torch.arange(len(PROMPT)), cache))  # [T, V] bf16
+    assert logits.isfinite().all() and logits.float().std() > 0
+
+
+QWEN3_30B_LAYER = dict(H=2048, E=128, I=768)  # Qwen3-30B-A3B 的一层：128 个专家，每个 token 选 8 个
+
+
+def bf16_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """最大误差占参照最大值的比例。"""
+    return ((got.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 8, 64, 256, 3000])
+def test_gpu_triton_moe_matches_reference(T: int) -> None:
+    dev = torch.device("cuda")
+    x, gate_up, down, logits = random_layer(T, **QWEN3_30B_LAYER, device=dev, seed=T)
+    ref = reference_moe(x, gate_up, down, logits, 8, True)  # float32
+    torch.testing.assert_close(fused_moe(x, gate_up, down, logits, 8, True), ref, atol=2e-4, rtol=2e-4)
+    xb, gub, db, lb = (t.bfloat16() for t in (x, gate_up, down, logits))
+    ref = reference_moe(xb, gub, db, lb, 8, True)  # 同样的 bf16 输入，在 float32 里算
+    assert bf16_error(fused_moe(xb, gub, db, lb, 8, True), ref) < 0.02
+    assert torch.equal(fused_moe(xb, gub, db, lb, 8, True), fused_moe(xb, gub, db, lb, 8, True))  # 与原子加的先后无关
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_moe_matches_reference() -> None:
+    """GroupedMoe 在 GPU 上也对：bf16 走 torch._grouped_mm 读显存里段边界的实现。"""
+    dev = torch.device("cuda")
+    for T in (1, 64, 3000):
+        x, gate_up, down, logits = (t.bfloat16() for t in random_layer(T, **QWEN3_30B_LAYER, device=dev, seed=T))
+        got = create_moe_backend("torch").forward(x, gate_up, down, logits, 8, True)
+        assert bf16_error(got, reference_moe(x, gate_up, down, logits, 8, True)) < 0.02, f"T={T}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_triton_moe_replays_in_a_cuda_graph(dtype: torch.dtype) -> None:
+    dev = torch.device("cuda")
+    backend = create_moe_backend(resolve_moe_backend("auto", dev))
+    assert type(backend).__name__ == "TritonMoe" and backend.supports_cuda_graph
+    for T in (1, 3, 64, 256):
+        x, gate_up, down, logits = random_layer(T, **QWEN3_30B_LAYER, device=dev, dtype=dtype, seed=T)
+        backend.forward(x, gate_up, down, logits, 8, True)  # 先跑一遍：编译不能录进图里
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = backend.forward(x, gate_up, down, logits, 8, True)
+        for seed in (100, 101):  # 换一组输入、换一种路由：图里的 kernel 自己去读新的数据
+            x2, _, _, logits2 = random_layer(T, **QWEN3_30B_LAYER, device=dev, dtype=dtype, seed=seed)
+            x.copy_(x2)
+            logits.copy_(logits2)
+            graph.replay()
+            assert torch.equal(out, backend.forward(x, gate_up, down, logits, 8, True)), f"T={T} seed={seed}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_moe", "tiny_qwen3_moe_hd128"])
+def test_gpu_qwen3_moe_matches_transformers(fixture: str, request) -> None:
+    path, dev = request.getfixturevalue(fixture), torch.device("cuda")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev).eval()
+    hf.generation_config.eos_token_id = hf.generation_config.pad_token_id = None
+    with torch.device(dev):
+        ours = create_model(ModelConfig.from_hf(load_hf_config(path)))
+    load_weight(ours, path)
+    assert type(ours.model.layers[0].mlp.experts._backend).__name__ == "TritonMoe"
+    ids = torch.tensor(PROMPT, device=dev)
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]  # [T, V]
+    cache = SimpleKVCache(ours.config, len(PROMPT), dev, torch.float32)
+    got = ours.lm_head.forward(ours.model.forward(ids, torch.arange(len(PROMPT), device=dev), cache))
+    torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-3)
+    ref_tokens = hf.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(PROMPT):].tolist()
+    assert greedy_generate(ours, PROMPT, max_new_tokens=32) == ref_tokens

@@ -6,8 +6,9 @@
 # mini-sglang's python/ folder @20fcd7f, git-ignored, for the peer benchmark).
 # Knobs: SKIP_TESTS=1 / SKIP_CELLS=1 / SKIP_BENCH=1 leave out a phase; BENCHES picks benchmarks from
 # "decode offline peer hf serving" (default all) and "ab" (minisgl and upstream taking turns on the offline
-# workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare); BENCH_CONFIGS picks
-# configs for decode (qwen3-0.6b qwen3-8b);
+# workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare) and "moe" (not in the
+# default: tools/gpu_moe.sh, the production-path test and Qwen3-30B-A3B's MoE block, decode step and offline run
+# against upstream); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
 # GEMV_SWEEP=1 adds the block-shape sweep of benchmarks/bench_gemv.py; ATTN_SWEEP=1 the split-KV sweep of
 # benchmarks/bench_attention.py.
 # Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
@@ -125,6 +126,10 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # one client: TPOT against the batch-1 decode step (the ch15 cell runs 64 clients)
     run bench_serving_c1 python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
       --concurrency 1 --num-requests 16 --input-len 512 --output-len 256 --no-hf-baseline
+  fi
+  if has moe; then  # its GPU tests already ran above unless SKIP_TESTS=1
+    phases="production layer decode offline"; [ "${SKIP_TESTS:-0}" = 1 ] && phases="tests $phases"
+    MOE_PHASES=${MOE_PHASES:-$phases} MOE_FI_WARMUP=0 OUT=$OUT bash tools/gpu_moe.sh || rc=1
   fi
 fi
 echo "gpu_check: exit $rc"

@@ -111,6 +111,25 @@ def load_weight(model: BaseLLMModel, model_path: Path | str) -> None:
         raise KeyError(f"{model_path}: the checkpoint lacks {len(missing)} tensors the model needs, e.g. {missing[:3]}")
 
 
+def init_dummy_weight(model: BaseLLMModel, seed: int = 0) -> None:
+    """不读检查点：把每个参数就地填成随机数，在参数自己所在的设备上生成。同一个 seed、同一个结构，结果逐位相同。
+
+    矩阵（二维及以上）~ N(0, 0.02)；一维的 norm 权重填 1，其他一维张量（偏置）填 0。
+    """
+    params = model.state_dict()
+    if any(t.is_meta for t in params.values()):
+        raise ValueError(f"{type(model).__name__} was built on the meta device; build it inside "
+                         "`with torch.device(...)` on a real device before init_dummy_weight")
+    for i, name in enumerate(sorted(params)):  # 按名字排序编号：与 state_dict 的遍历顺序无关
+        tensor = params[name]
+        if tensor.dim() == 1:
+            tensor.fill_(1.0 if "norm" in name else 0.0)
+            continue
+        gen = torch.Generator(device=tensor.device)
+        gen.manual_seed(seed * 1_000_003 + i)  # 每个参数自己的随机数流：TP 的各个 rank 上，不切分的参数完全相同
+        tensor.normal_(0.0, 0.02, generator=gen)
+
+
 _EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<idx>\d+)\.(?P<name>\w+)\.weight$")
 
 

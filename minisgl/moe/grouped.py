@@ -30,33 +30,36 @@ def select_experts(router_logits: torch.Tensor, top_k: int,
 class BaseMoeBackend(ABC):
     """MoE 的计算后端：给定路由 logits 和一层全部专家的权重，算出这一层的输出（不做 TP 通信）。"""
 
+    supports_cuda_graph: bool = False  # forward 不和 CPU 同步、形状只由 token 数决定：第 8 章能把它录进 CUDA Graph
+
     @abstractmethod
     def forward(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 router_logits: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
         """x: [T, H]；gate_up: [E, 2I, H]；down: [E, H, I]；router_logits: [T, E] → [T, H]，x 的 dtype。"""
 
 
+def grouped_linear(rows: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """分组的线性层：rows 的第 ends[e-1] 到 ends[e] 行乘第 e 个专家的 w[e].T。
+
+    rows: [R, in]（按专家排好序），w: [E, out, in]，ends: [E] int32，每段的结束行号（不减）→ [R, out]
+    """
+    return torch._grouped_mm(rows, w.transpose(1, 2), offs=ends)
+
+
 class GroupedMoe(BaseMoeBackend):
-    """把 (token, 专家) 对按专家排序分组，每个专家一次矩阵乘，再放回 (token, k) 的顺序、加权求和。"""
+    """纯 PyTorch：(token, 专家) 对按专家排序，两次分组矩阵乘算完所有专家，再放回 (token, k) 的顺序、加权求和。"""
 
     def forward(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 router_logits: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
         weights, ids = select_experts(router_logits, top_k, renormalize)  # [T, K], [T, K]
         flat_ids = ids.flatten()  # [T*K]：第 t*K+j 个是 token t 的第 j 个专家
         order = torch.argsort(flat_ids, stable=True)  # [T*K]：同一专家的对排在一起
-        counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()  # E 个 int
+        experts = torch.arange(1, gate_up.shape[0] + 1, device=x.device)  # [E]：1..E
+        ends = torch.searchsorted(flat_ids[order], experts).to(torch.int32)  # [E]：编号 < e+1 的有几个
         rows = x[order // top_k]  # [T*K, H]：排好序的第 i 行来自第 order[i] // K 个 token
-        out_rows = torch.empty_like(rows)  # [T*K, H]
-        start = 0
-        for e, n in enumerate(counts):  # 循环的是专家，不是 token
-            if n == 0:
-                continue
-            h = F.linear(rows[start:start + n], gate_up[e])  # [n, 2I]
-            gate, up = h.chunk(2, dim=-1)  # [n, I] ×2
-            out_rows[start:start + n] = F.linear(F.silu(gate) * up, down[e])  # [n, H]
-            start += n
-        out = torch.empty_like(out_rows)  # [T*K, H]
-        out[order] = out_rows  # 放回 (token, k) 的顺序：order 是一个排列，每一行只写一次
+        gate, up = grouped_linear(rows, gate_up, ends).chunk(2, dim=-1)  # [T*K, I] ×2
+        out_rows = grouped_linear(F.silu(gate) * up, down, ends)  # [T*K, H]
+        out = torch.empty_like(out_rows).index_copy_(0, order, out_rows)  # 第 i 行放回第 order[i] 行
         out = out.view(-1, top_k, x.shape[-1])  # [T, K, H]
         return (out * weights.unsqueeze(-1).to(x.dtype)).sum(dim=1)  # [T, H]：乘路由权重，沿 k 求和
 

@@ -1,0 +1,251 @@
+# Tangled from book/chapters/ch04_moe.ipynb — edit the notebook, not this file.
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Dict, NamedTuple
+
+import torch
+
+from .grouped import BaseMoeBackend
+
+# T = 本批 token 数，H = hidden_size，E = 专家数，K = 每个 token 选几个专家，I = 每个专家的中间维
+# P = T·K 个 (token, 专家) 对，第 p 个属于 token p // K；R = 按专家排好、各段补齐到 BM 的倍数之后的行数
+
+
+@functools.cache
+def _kernels() -> Dict[str, Any] | None:
+    """第一次用时才 import Triton、定义四个 kernel（下面的 _xxx_kernel）；没有 Triton（CPU 上的安装）时返回 None。"""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+    return {"route": _route_kernel(triton, tl), "align": _align_kernel(triton, tl),
+            "gate_up": _gate_up_kernel(triton, tl), "down": _down_kernel(triton, tl)}
+
+
+def _route_kernel(triton: Any, tl: Any) -> Any:
+    @triton.jit
+    def route(logits, logit_stride, topk_w, topk_ids, rank, counts, E,
+              TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORM: tl.constexpr):
+        t = tl.program_id(0)  # 一个实例 = 一个 token
+        e = tl.arange(0, BLOCK_E)
+        z = tl.load(logits + t * logit_stride + e, mask=e < E, other=float("-inf")).to(tl.float32)
+        p = tl.exp(z - tl.max(z, axis=0))
+        p = p / tl.sum(p, axis=0)  # [BLOCK_E] float32 的 softmax；补出来的位置是 0
+        j = tl.arange(0, BLOCK_K)
+        w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+        for k in tl.static_range(TOP_K):  # K 轮"取最大、划掉"，编译时展开
+            best = tl.argmax(p, axis=0)
+            w = tl.where(j == k, tl.max(p, axis=0), w)
+            ids = tl.where(j == k, best, ids)
+            p = tl.where(e == best, -1.0, p)
+        if RENORM:
+            w = w / tl.sum(w, axis=0)
+        keep = j < TOP_K
+        tl.store(topk_w + t * TOP_K + j, w, mask=keep)
+        tl.store(topk_ids + t * TOP_K + j, ids, mask=keep)
+        # 给选中的专家各计一行；原子加返回加之前的值，就是这一对在它专家的段里排第几
+        tl.store(rank + t * TOP_K + j, tl.atomic_add(counts + ids, 1, mask=keep), mask=keep)
+
+    return route
+
+
+def _align_kernel(triton: Any, tl: Any) -> Any:
+    @triton.jit(do_not_specialize=["P", "num_blocks"])  # 这两个数每批都不同：不为它们各编译一份
+    def align(counts, topk_ids, rank, starts, block_expert, sorted_pairs, E, P, num_blocks,
+              BM: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+        e = tl.arange(0, BLOCK_E)
+        n = tl.load(counts + e, mask=e < E, other=0)
+        padded = (n + BM - 1) // BM * BM  # 每段补齐到 BM 的倍数：一个块只属于一个专家
+        ends = tl.cumsum(padded, axis=0)  # [BLOCK_E]：第 e 段在 ends[e] 行结束
+        begins = ends - padded
+        if tl.program_id(0) == 0:  # 一个实例写元数据：每段的起点；每块属于哪个专家，-1 是用不上的块
+            tl.store(starts + e, begins, mask=e < E)
+            for b0 in range(0, num_blocks, CHUNK):
+                b = b0 + tl.arange(0, CHUNK)
+                owner = tl.sum(((ends[None, :] <= b[:, None] * BM) & (e[None, :] < E)).to(tl.int32), axis=1)
+                tl.store(block_expert + b, tl.where(owner < E, owner, -1), mask=b < num_blocks)
+        p = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)  # 每个实例放 CHUNK 个对
+        ok = p < P
+        ex = tl.load(topk_ids + p, mask=ok, other=0)
+        first = tl.sum(tl.where(ex[:, None] == e[None, :], begins[None, :], 0), axis=1)  # [CHUNK]：begins[ex]
+        tl.store(sorted_pairs + first + tl.load(rank + p, mask=ok, other=0), p, mask=ok)
+
+    return align
+
+
+def _gate_up_kernel(triton: Any, tl: Any) -> Any:
+    @triton.jit
+    def gate_up(x, x_stride, w, sorted_pairs, block_expert, starts, counts, out, I, H,
+                TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+        e = tl.load(block_expert + tl.program_id(1))  # 这一块的专家
+        if e < 0:
+            return
+        rows = tl.program_id(1) * BM + tl.arange(0, BM)
+        valid = rows < tl.load(starts + e) + tl.load(counts + e)  # 段尾补齐的行不算
+        pairs = tl.load(sorted_pairs + rows, mask=valid, other=0)  # 每行是哪个 (token, 专家) 对
+        n = tl.program_id(0) * BN + tl.arange(0, BN)  # 这个实例算的 BN 列（gate 和 up 各 BN 列）
+        k = tl.arange(0, BK)
+        a_ptrs = x + (pairs // TOP_K).to(tl.int64)[:, None] * x_stride + k[None, :]  # [BM, BK]：各行的 token
+        g_ptrs = w + e.to(tl.int64) * 2 * I * H + n[None, :] * H + k[:, None]  # [BK, BN]：gate 的 BN 行，转置着读
+        u_ptrs = g_ptrs + I * H  # up 在 gate 下面 I 行
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                g = tl.load(g_ptrs, mask=n[None, :] < I, other=0.0)
+                u = tl.load(u_ptrs, mask=n[None, :] < I, other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=valid[:, None] & (k[None, :] < H - k0), other=0.0)
+                g = tl.load(g_ptrs, mask=(k[:, None] < H - k0) & (n[None, :] < I), other=0.0)
+                u = tl.load(u_ptrs, mask=(k[:, None] < H - k0) & (n[None, :] < I), other=0.0)
+            if IEEE:  # float32 的模型：真正的 float32 乘法（tl.dot 默认用 TF32）
+                acc_g = tl.dot(a, g, acc_g, input_precision="ieee")
+                acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
+            else:
+                acc_g = tl.dot(a, g, acc_g)
+                acc_u = tl.dot(a, u, acc_u)
+            a_ptrs += BK
+            g_ptrs += BK
+            u_ptrs += BK
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate)·up，在 float32 里算完才舍入
+        tl.store(out + rows.to(tl.int64)[:, None] * I + n[None, :], h.to(out.dtype.element_ty),
+                 mask=valid[:, None] & (n[None, :] < I))
+
+    return gate_up
+
+
+def _down_kernel(triton: Any, tl: Any) -> Any:
+    @triton.jit
+    def down(h, w, sorted_pairs, block_expert, starts, counts, topk_w, out, H, I,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+        e = tl.load(block_expert + tl.program_id(1))
+        if e < 0:
+            return
+        rows = tl.program_id(1) * BM + tl.arange(0, BM)
+        valid = rows < tl.load(starts + e) + tl.load(counts + e)
+        pairs = tl.load(sorted_pairs + rows, mask=valid, other=0)
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
+        k = tl.arange(0, BK)
+        a_ptrs = h + rows.to(tl.int64)[:, None] * I + k[None, :]  # [BM, BK]：排好序的行，连续地读
+        w_ptrs = w + e.to(tl.int64) * H * I + n[None, :] * I + k[:, None]  # [BK, BN]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, I, BK):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                b = tl.load(w_ptrs, mask=n[None, :] < H, other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=valid[:, None] & (k[None, :] < I - k0), other=0.0)
+                b = tl.load(w_ptrs, mask=(k[:, None] < I - k0) & (n[None, :] < H), other=0.0)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BK
+            w_ptrs += BK
+        acc = acc * tl.load(topk_w + pairs, mask=valid, other=0.0)[:, None]  # 乘这一对的路由权重（float32）
+        tl.store(out + pairs.to(tl.int64)[:, None] * H + n[None, :], acc.to(out.dtype.element_ty),
+                 mask=valid[:, None] & (n[None, :] < H))  # 写回第 p 行：(token, 专家) 对的原顺序
+
+    return down
+
+
+class Blocks(NamedTuple):
+    """分块：bm 是一块的行数（各专家的段补齐到它的倍数）；两个矩阵乘各自的列宽、K 方向的步长和 Triton 的启动参数。"""
+
+    bm: int
+    bn_gate_up: int
+    bn_down: int
+    bk: int
+    num_warps: int
+    num_stages: int
+
+
+def choose_blocks(num_pairs: int, num_experts: int, dtype: torch.dtype) -> Blocks:
+    """看每个专家平均分到几行：decode 时一两行，读权重为主，块要矮；prefill 时成百上千行，是真正的矩阵乘。"""
+    rows = num_pairs / num_experts
+    if rows <= 16:
+        blocks = Blocks(16, 32, 64, 128, 4, 4)
+    elif rows <= 64:
+        blocks = Blocks(32, 64, 64, 64, 4, 4)
+    elif rows <= 256:
+        blocks = Blocks(64, 64, 128, 64, 4, 3)
+    else:
+        blocks = Blocks(128, 64, 128, 64, 8, 3)
+    if dtype == torch.float32:  # 每个元素 4 字节：流水线少两级，共享内存才放得下
+        blocks = blocks._replace(num_stages=2)
+    return blocks
+
+
+def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router_logits: torch.Tensor,
+              top_k: int, renormalize: bool, blocks: Blocks | None = None) -> torch.Tensor:
+    """与 GroupedMoe.forward 相同的计算：x [T, H]，gate_up [E, 2I, H]，down [E, H, I]，router_logits [T, E] → [T, H]。
+
+    四个 kernel 加一次求和；每个张量的形状只取决于 T，没有一处把数据拷回 CPU。blocks：None 时按 choose_blocks。
+    """
+    k = _kernels()
+    (T, H), (E, _, I) = x.shape, down.shape
+    P, dev = T * top_k, x.device
+    b = blocks or choose_blocks(P, E, x.dtype)
+    block_e = _pow2(E, 1)
+    # 1. 路由：每个 token 一个实例
+    topk_w = torch.empty(T, top_k, dtype=torch.float32, device=dev)  # [T, K]
+    topk_ids = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]
+    rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
+    counts = torch.zeros(E, dtype=torch.int32, device=dev)  # [E]：每个专家分到几行
+    k["route"][(T,)](router_logits, router_logits.stride(0), topk_w, topk_ids, rank, counts, E,
+                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1), RENORM=renormalize)
+    # 2. 排序：块数取上界（每个有活的专家至多多出一个不满的块），于是形状与路由的结果无关
+    num_blocks = -(-P // b.bm) + min(E, P)
+    chunk = min(1024, max(16, 4096 // block_e))  # align 的每个实例放 chunk 个对（[chunk, E] 的比较矩阵）
+    starts = torch.empty(E, dtype=torch.int32, device=dev)  # [E]：第 e 段从第几行开始
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=dev)  # 每块的专家，-1 是空块
+    sorted_pairs = torch.empty(num_blocks * b.bm, dtype=torch.int32, device=dev)  # [R]：每行是哪个对
+    k["align"][(-(-P // chunk),)](counts, topk_ids, rank, starts, block_expert, sorted_pairs, E, P, num_blocks,
+                                  BM=b.bm, BLOCK_E=block_e, CHUNK=chunk)
+    # 3. gate_up 与 SiLU·up：一块 BM 行 × BN 列一个实例，按排好的行写
+    launch = dict(IEEE=x.dtype == torch.float32, num_warps=b.num_warps, num_stages=b.num_stages)
+    h = torch.empty(num_blocks * b.bm, I, dtype=x.dtype, device=dev)  # [R, I]
+    bn, bk = min(b.bn_gate_up, _pow2(I)), min(b.bk, _pow2(H))
+    k["gate_up"][(-(-I // bn), num_blocks)](x, x.stride(0), gate_up, sorted_pairs, block_expert, starts, counts, h,
+                                            I, H, TOP_K=top_k, BM=b.bm, BN=bn, BK=bk, EVEN_K=H % bk == 0, **launch)
+    # 4. down，乘路由权重：按 (token, 专家) 对的顺序写
+    out = torch.empty(P, H, dtype=x.dtype, device=dev)  # [P, H]
+    bn, bk = min(b.bn_down, _pow2(H)), min(b.bk, _pow2(I))
+    k["down"][(-(-H // bn), num_blocks)](h, down, sorted_pairs, block_expert, starts, counts, topk_w, out, H, I,
+                                         BM=b.bm, BN=bn, BK=bk, EVEN_K=I % bk == 0, **launch)
+    # 5. 每个 token 的 K 行按固定的顺序相加
+    return out.view(T, top_k, H).sum(dim=1)  # [T, H]
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    """不小于 n 的 2 的幂，至少 lo（tl.arange 的长度要是 2 的幂，tl.dot 的每一维至少 16）。"""
+    return max(lo, 1 << (n - 1).bit_length())
+
+
+class TritonMoe(BaseMoeBackend):
+    """GPU 上的 MoE：fused_moe 的几个 Triton kernel。没有 GPU→CPU 同步，能录进 CUDA Graph；任何 dtype 都行。"""
+
+    supports_cuda_graph = True
+
+    def __init__(self) -> None:
+        if _kernels() is None:
+            raise RuntimeError("the triton MoE backend needs Triton (pip install triton); on a CPU use "
+                               "--moe-backend torch")
+
+    def forward(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                router_logits: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
+        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":  # 解释器：测试在 CPU 上逐行执行 kernel
+            raise ValueError(f"the triton MoE backend runs on CUDA tensors, got {x.device}; use --moe-backend torch")
+        assert gate_up.is_contiguous() and down.is_contiguous() and x.stride(1) == router_logits.stride(1) == 1
+        return fused_moe(x, gate_up, down, router_logits, top_k, renormalize)
+
+
+def fused_moe_available() -> bool:
+    """这台机器能不能用 fused_moe（装了 Triton）。"""
+    return _kernels() is not None

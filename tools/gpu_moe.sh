@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# MoE on the GPU machine, and the production path checked token by token, in one call; results go to $OUT (or
+# ./gpu_out).
+#   bash tools/gpu_moe.sh                   (gpu_check.sh runs it when BENCHES contains "moe")
+# Carry what gpu_check.sh carries (.whl; .peer/python: upstream mini-sglang's python/ folder @20fcd7f), plus the
+# measurement shim's folder as .peer/sgl_kernel_shim (holding sgl_kernel/__init__.py: upstream's MoE imports two
+# sgl_kernel ops, written there in plain torch) and SmolLM2-135M-Instruct's folder where MINISGL_CACHE_DIR points
+# (default ~/.cache/minisgl/SmolLM2-135M-Instruct) for the production-path test.
+# Knobs: MOE_PHASES picks from "tests production layer decode offline" (default all); MOE_LAYERS cuts the
+# Qwen3-30B-A3B config to that many layers for decode and offline (default: all 48); MOE_ROUNDS (default 1)
+# turns of minisgl and upstream on the offline workload; MOE_SWEEP=1 adds bench_moe.py layer --sweep (block
+# shapes per batch size; minutes).
+# Phases: the MoE GPU tests (chapter 4's inside .build/trees/ch04, chapter 8's MoE ones); the production path
+# (handoff/test_production_path.py: SmolLM2 bf16, fi, graphs, overlap, chunked prefill, against transformers);
+# one MoE block per batch size against its floor (chapter 4's GPU cell runs the same); the engine's decode step
+# with dummy weights at batch 1, 8, 64, 256 against its floor; the offline workload, minisgl and upstream.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1
+rc=0
+run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
+  local name=$1; shift
+  echo "=== $name: $*"
+  "$@" 2>&1 | grep -v "Loading weights" | tee "$OUT/$name.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_moe: $name FAILED"; rc=1; }
+}
+phase() { case " ${MOE_PHASES:-tests production layer decode offline} " in *" $1 "*) return 0;; esac; return 1; }
+layers=(); [ -n "${MOE_LAYERS:-}" ] && layers=(--num-layers "$MOE_LAYERS")
+# FlashInfer compiles its kernels on first use (minutes): in parallel up front, unless gpu_check.sh already did
+[ "${MOE_FI_WARMUP:-1}" = 1 ] && run fi_warmup python3 tools/fi_warmup.py
+
+if phase tests; then
+  run moe_tests_ch04 python3 tools/steps.py test 4 --gpu --show-output -- -rs
+  run moe_tests_ch08 python3 tools/steps.py test 8 --gpu --show-output -- -rs -k "moe or Moe"
+fi
+if phase production && [ -f handoff/test_production_path.py ]; then
+  run production_path python3 -m pytest -q -p no:cacheprovider -rs -s handoff/test_production_path.py
+fi
+if phase layer; then
+  sweep=(); [ "${MOE_SWEEP:-0}" = 1 ] && sweep=(--sweep)
+  run bench_moe_layer python3 benchmarks/bench_moe.py layer "${sweep[@]}" --json "$OUT/moe_layer.json"
+fi
+if phase decode; then
+  run bench_moe_decode python3 benchmarks/bench_moe.py decode "${layers[@]}" --json "$OUT/moe_decode.json"
+fi
+if phase offline; then
+  peer=0
+  [ -d .peer/python/minisgl ] && [ -d .peer/sgl_kernel_shim/sgl_kernel ] && peer=1
+  [ $peer = 0 ] && echo "gpu_moe: no .peer/python/minisgl or .peer/sgl_kernel_shim/sgl_kernel: minisgl alone"
+  for r in $(seq -w "${MOE_ROUNDS:-1}"); do  # turns, so that drift over the lease hits both alike
+    run "moe_offline_minisgl_$r" python3 benchmarks/bench_moe.py offline "${layers[@]}" \
+      --json "$OUT/moe_offline_minisgl_$r.json"
+    [ $peer = 1 ] && run "moe_offline_upstream_$r" python3 benchmarks/bench_moe.py offline --engine upstream \
+      "${layers[@]}" --json "$OUT/moe_offline_upstream_$r.json"
+  done
+  [ $peer = 1 ] && run moe_offline_summary python3 benchmarks/bench_moe.py summarize \
+    "$OUT"/moe_offline_minisgl_*.json "$OUT"/moe_offline_upstream_*.json
+fi
+echo "gpu_moe: exit $rc"
+exit $rc
