@@ -10,7 +10,7 @@ from .llama import LlamaForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 from .utils import BaseLLMModel
-from .weight import load_weight
+from .weight import init_dummy_weight, load_weight
 
 
 MODELS: Registry[Type[BaseLLMModel]] = Registry("model architecture")
@@ -24,4 +24,4 @@ def create_model(config: ModelConfig) -> BaseLLMModel:
     return MODELS.get(config.architecture)(config)
 
 
-__all__ = ["MODELS", "BaseLLMModel", "ModelConfig", "create_model", "load_weight"]
+__all__ = ["MODELS", "BaseLLMModel", "ModelConfig", "create_model", "init_dummy_weight", "load_weight"]
