@@ -18,7 +18,7 @@
 
 The toc is generated because only chapters whose notebook exists may be listed (a missing file fails the
 build): book/intro.md is the root, book/preface.md comes first, then the chapters in three parts, one per
-phase, and the appendix (notebook 16, ch16_scale) under 附录. Outputs are never computed here
+phase, and the appendices (notebooks 16 and 17, ch16_scale and ch17_structured) under 附录. Outputs are never computed here
 (`execute_notebooks: "off"`): `python tools/steps.py execute` stores them. How a notebook is shown (captions, 运行结果, dropdowns) is tools/bookrender.py. A chapter links to a
 browser exercise with a plain Markdown link `[在浏览器里做](../../practice/index.html?ex=ch01_registry)`;
 bookrender makes it a raw link, since Sphinx cannot resolve pages it did not build. Read the book over HTTP,
@@ -49,7 +49,7 @@ PHASES = [  # (第一章, 最后一章, 目录里的分组标题)
     (1, 5, "阶段一 · 模型前向"),
     (6, 11, "阶段二 · 推理引擎"),
     (12, 15, "阶段三 · 服务化"),
-    (16, 16, "附录"),  # 第 16 号笔记本是附录（超出一台机器）：在十五章之后，代码叠在第 15 章的树上
+    (16, 17, "附录"),  # 第 16、17 号笔记本是附录（超出一台机器、结构化输出）：在十五章之后，代码叠在前一篇的树上
 ]
 
 

@@ -31,8 +31,9 @@ chapter N (the same text `tangle` would write after chapter N), a pytest.ini wit
 links to tools/, benchmarks/, models/ and practice/. The notebook of chapter N works inside it (tools/booksetup.py), and
 `test` and `check` run there: a reader of chapter 3 runs chapter 3's code, not the final minisgl/.
 
-Notebook 16 (ch16_scale) is the appendix: numbered after chapter 15 so that its parts are tangled on top of
-chapter 15's tree (`tree 15` is unchanged); it gets a tree, tests and an example like a chapter.
+Notebooks after 15 are appendices (16 ch16_scale, 17 ch17_structured): numbered after chapter 15 so that their
+parts are tangled on top of the tree before them (`tree 15` is unchanged); each gets a tree, tests and an
+example like a chapter.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ GENERATED = ("minisgl", "examples", "tests")
 TREES = ROOT / ".build" / "trees"
 TREE_LINKS = ("tools", "benchmarks", "models", "practice")  # 树里的相对路径（tools/steps.py、benchmarks/…、models/Qwen3-0.6B）照样能用
 _NAME = re.compile(r"^ch(\d\d)_[a-z0-9_]+\.ipynb$")
-LAST_CHAPTER = 15  # 之后的笔记本（ch16_scale）是附录：代码叠在第 15 章的树上，tree 15 不受影响
+LAST_CHAPTER = 15  # 之后的笔记本（ch16_scale、ch17_structured）是附录：代码叠在前一篇的树上，tree 15 不受影响
 
 
 @dataclass
