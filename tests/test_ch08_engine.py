@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.engine import Engine, EngineConfig, Sampler, graph_batch_sizes
-from minisgl.engine.sample import filter_threshold, sample_inverse_cdf, seeded_uniform
+from minisgl.engine.sample import relative_probs, sample_inverse_cdf, seeded_uniform, top_k_top_p_candidates
 
 PROMPTS = [[9707, 11, 847, 829, 374], [3555, 374, 279, 6722, 315, 9625, 30, 13, 11, 847, 1879, 20, 785, 3555, 11,
            847, 829, 374, 9707], [785], [20, 374, 279]]
@@ -123,40 +123,45 @@ def test_filters_match_reference(seed: int, V: int) -> None:
     ts = [rng.choice([0.5, 1.0, 1.7]) for _ in range(6)]
     ks = [rng.choice([-1, -1, 1, 5, 40]) for _ in range(6)]
     ps = [rng.choice([1.0, 0.99, 0.9, 0.5, 0.01]) for _ in range(6)]
+    ps = [0.9 if k < 0 and p == 1 else p for k, p in zip(ks, ps)]  # 这条路上每行都开了 top-k 或 top-p
     ms = [rng.choice([0.0, 0.0, 0.05]) for _ in range(6)]
-    t = torch.tensor(ts)
-    k = torch.tensor([kk if kk > 0 else V for kk in ks])
-    thr = filter_threshold(logits, t, k, torch.tensor(ps), k_max=max((kk for kk in ks if kk > 0), default=0),
-                           p_only=any(kk < 0 and pp < 1 for kk, pp in zip(ks, ps)))
-    floor = logits.max(-1).values + t * torch.tensor(ms).log()  # min-p 的门槛（sample_inverse_cdf 里的写法）
+    w, ids = top_k_top_p_candidates(logits, torch.tensor(ts), torch.tensor([k if k > 0 else V for k in ks]),
+                                    torch.tensor(ps), k_max=max((k for k in ks if k > 0), default=0),
+                                    p_only=any(k < 0 for k in ks))
     for r in range(6):
-        got = (logits[r] >= torch.maximum(thr[r], floor[r])).tolist()
-        assert got == reference_keep(logits[r].tolist(), ts[r], ks[r], ps[r], ms[r]), f"row {r}"
+        got = sorted(ids[r, (w[r] > 0) & (w[r] >= ms[r])].tolist())  # min-p：w 的最大值是 1
+        want = [i for i, keep in enumerate(reference_keep(logits[r].tolist(), ts[r], ks[r], ps[r], ms[r])) if keep]
+        assert got == want, f"row {r}"
 
 
 def test_top_p_one_keeps_every_token() -> None:
-    V = 151936  # Qwen3 的词表：float32 的累加和会超过 1
+    V = 151936  # Qwen3 的词表：15 万个 float32 概率的累加和会超过 1
+    sampler = Sampler(torch.device("cpu"), vocab_size=V, random_seed=0)
+    params = [SamplingParams(temperature=0.7, top_p=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+              SamplingParams(temperature=0.7, top_k=V + 5), SamplingParams(temperature=0.7, top_k=1000, top_p=1.0)]
+    args = sampler.prepare(make_reqs(params))
+    assert [(g.kind, g.rows.tolist()) for g in args.groups] == [("full", [0, 2]), ("candidates", [1, 3])]
     logits = torch.randn(2, V, generator=torch.Generator().manual_seed(1)) * 2
-    thr = filter_threshold(logits, torch.ones(2), torch.tensor([V, V]), torch.tensor([1.0, 0.9]), k_max=0,
-                           p_only=True)
-    assert thr[0] == -torch.inf and 0 < int((logits[1] >= thr[1]).sum()) < V
+    w, _ = top_k_top_p_candidates(logits, torch.ones(2), torch.tensor([V, 1000]), torch.tensor([0.9, 1.0]),
+                                  k_max=1000, p_only=True)
+    assert int((w[1] > 0).sum()) == 1000 and 0 < int((w[0] > 0).sum()) < V
 
 
 def test_inverse_cdf_matches_softmax_and_top_k_1_is_greedy() -> None:
     row = torch.tensor([1.5, 0.5, 0.0, -1.0, -torch.inf])
     u = torch.tensor([seeded_uniform(s, 3) for s in range(40000)])
-    picks = sample_inverse_cdf(row.expand(40000, 5), torch.full((40000,), 0.7), u)
+    picks = sample_inverse_cdf(relative_probs(row.expand(40000, 5), torch.full((40000,), 0.7)), u)
     freq = torch.bincount(picks, minlength=5) / len(u)
     torch.testing.assert_close(freq, (row / 0.7).softmax(-1), atol=0.01, rtol=0)
     assert freq[4] == 0, "a token with probability 0 is never picked"
     logits = torch.randn(8, 100)
-    V, ones = 100, torch.ones(8)
-    thr = filter_threshold(logits, ones, torch.ones(8, dtype=torch.int64), ones, k_max=1, p_only=False)
+    w, ids = top_k_top_p_candidates(logits, torch.ones(8), torch.ones(8, dtype=torch.int64), torch.ones(8), k_max=1,
+                                    p_only=False)
     edge = torch.full((8,), 1 - 2**-23)  # seeded_uniform 能给出的最大值
     for u in (torch.zeros(8), edge):
-        assert torch.equal(sample_inverse_cdf(logits, ones, u, thr), logits.argmax(-1))
-    assert 0 <= min(seeded_uniform(s, p) for s in range(200) for p in range(50)) <= max(
-        seeded_uniform(s, p) for s in range(200) for p in range(50)) <= 1 - 2**-23
+        assert torch.equal(ids.gather(1, sample_inverse_cdf(w, u)[:, None]).squeeze(1), logits.argmax(-1))
+    values = [seeded_uniform(s, p) for s in range(200) for p in range(50)]
+    assert 0 <= min(values) and max(values) <= 1 - 2**-23 and len(set(values)) > 9900
 
 
 def make_reqs(params: List[SamplingParams], prompt_len: int = 3) -> List[Req]:
@@ -167,16 +172,16 @@ def make_reqs(params: List[SamplingParams], prompt_len: int = 3) -> List[Req]:
 def test_each_step_costs_nothing_when_off() -> None:
     sampler = Sampler(torch.device("cpu"), vocab_size=1000, random_seed=0)
     plain = sampler.prepare(make_reqs([SamplingParams(), SamplingParams(top_k=1, temperature=0.5)]))
-    assert plain.greedy and plain.seeded is None and plain.penalties is None and plain.logit_bias is None
+    assert plain.greedy and not plain.groups and plain.penalties is None and plain.logit_bias is None
     assert plain.top_logprobs == -1
     args = sampler.prepare(make_reqs([SamplingParams(temperature=0.7, top_p=0.9)] * 3 + [SamplingParams()]))
-    g = args.seeded
-    assert args.mixed and g is not None and g.k_max == 0 and g.any_top_p and g.min_p is None
+    (g,) = args.groups
+    assert args.mixed and g.kind == "candidates" and g.k_max == 0 and g.p_only and g.min_p is None
     assert g.rows is not None and g.rows.tolist() == [0, 1, 2] and args.penalties is None
-    only_t = sampler.prepare(make_reqs([SamplingParams(temperature=0.7, top_p=1.0)])).seeded
-    assert only_t is not None and only_t.rows is None and only_t.k_max == 0 and not only_t.any_top_p
-    top_k = sampler.prepare(make_reqs([SamplingParams(temperature=0.7, top_k=k) for k in (5, 50)])).seeded
-    assert top_k is not None and top_k.k_max == 50 and not top_k.p_only
+    (only_t,) = sampler.prepare(make_reqs([SamplingParams(temperature=0.7)])).groups
+    assert only_t.kind == "full" and only_t.rows is None
+    (top_k,) = sampler.prepare(make_reqs([SamplingParams(temperature=0.7, top_k=k) for k in (5, 50)])).groups
+    assert top_k.kind == "candidates" and top_k.k_max == 50 and not top_k.p_only and not top_k.any_top_p
 
 
 def test_vocab_mask_allows_only_set_bits() -> None:

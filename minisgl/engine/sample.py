@@ -1,9 +1,9 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import List, Literal, NamedTuple, Sequence, Tuple
 
 import torch
 
@@ -14,37 +14,51 @@ from minisgl.core import Req, SamplingParams
 _M64 = 2**64 - 1
 
 
-def filter_threshold(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                     k_max: int, p_only: bool) -> torch.Tensor:
-    """top-k 再 top-p 之后保留下来的词里最小的 logit：[G]。x >= 它的词留下，其余概率为 0。
+def relative_probs(x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """x: [G, V] float32 logits → exp((x − max) / T)：没归一化的概率，每行最大的是 1。"""
+    m = x.max(dim=-1, keepdim=True).values  # [G, 1]
+    inv_t = temperature.reciprocal()[:, None]  # [G, 1]
+    return torch.addcmul(-m * inv_t, x, inv_t).exp_()  # [G, V]：(x − max)/T 一次算完，再原地 exp
 
-    x: [G, V]；top_k: [G] int64（V 表示不截断）；top_p: [G] float32（1 表示不截断）。
-    k_max 是这组里开了 top-k 的行中最大的 k（没有则 0），p_only 表示有行只开 top-p、没开 top-k（主机上已知）。
-    只看前 K 名：有 p_only 的行时，CPU 上从 K = max(64, k_max) 起、不够就翻 8 倍，GPU 上直接整行排序。
+
+def top_k_top_p_candidates(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                           k_max: int, p_only: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """每行都开了 top-k 或 top-p（top_p < 1）：先 top-k，再在剩下的词上按重新归一化的概率 top-p。
+
+    x: [G, V] float32；top_k: [G] int64（V 表示不截）；top_p: [G] float32（1 表示不截）。k_max 是开了 top-k 的行里
+    最大的 k（没有则 0），p_only 表示有行只开了 top-p（这两个在主机上已知）。返回 (w, ids)，都是 [G, K]：按 logit
+    降序的前 K 个词的编号，和它们的 exp((x − max)/T)，被截掉的是 0。只开 top-p 的行，CPU 上先看前 max(64, k_max) 名，
+    前 K 名的概率和还不到 p 的行 K 翻 8 倍再看；GPU 上直接整行排序（判断"够不够"要读回 CPU，会打断第 11 章的重叠）。
     """
-    V = x.shape[-1]
+    G, V = x.shape
+    inv_t = temperature.reciprocal()  # [G]
+    p = torch.where(top_p < 1, top_p, torch.inf)  # top_p = 1：一个也不截（float32 的累加和会略超过 1）
+    lse = (x * inv_t[:, None]).logsumexp(dim=-1) if p_only else None  # [G]：只开 top-p 的行按整行归一化
+    grow = p_only and not x.is_cuda
     K = V if p_only and x.is_cuda else min(V, max(k_max, 64) if p_only else k_max)
-    p = torch.where(top_p < 1, top_p, torch.inf)[:, None]  # top_p = 1 一个也不截：float32 的累加和会略超过 1
-    full_norm = (x / temperature[:, None]).logsumexp(dim=-1) if p_only and K < V else None  # 只开 top-p 的行按整行归一化
+    rows, found = torch.arange(G, device=x.device), []  # rows：还没定下来的行
     while True:
-        vals = x.topk(K, dim=-1).values if K < V else x.sort(dim=-1, descending=True).values  # [G, K] 降序
-        keep = torch.arange(K, device=x.device)[None, :] < top_k[:, None]  # [G, K]：top-k
-        scaled = (vals / temperature[:, None]).masked_fill(~keep, -torch.inf)
-        norm = scaled.logsumexp(dim=-1)  # [G]：top-k 之后重新归一化
-        if full_norm is not None:
-            norm = torch.where(top_k < V, norm, full_norm)
-        probs = (scaled - norm[:, None]).exp()  # [G, K]
-        cum = probs.cumsum(dim=-1)
-        keep &= cum - probs <= p  # top-p：排在它前面的概率之和不超过 p 就留下，所以第一个永远留下
-        if K == V or not p_only or x.is_cuda:
+        xs = x if len(rows) == G else x.index_select(0, rows)
+        vals, ids = xs.topk(K, dim=-1) if K < V else xs.sort(dim=-1, descending=True)  # [g, K] 降序
+        k, pr, it = top_k[rows], p[rows], inv_t[rows]
+        w = ((vals - vals[:, :1]) * it[:, None]).exp_()  # [g, K]：第 0 列是 1
+        w *= torch.arange(K, device=x.device)[None, :] < k[:, None]  # top-k
+        norm = w.sum(dim=-1)  # top-k 之后重新归一化
+        if lse is not None:
+            norm = torch.where(k < V, norm, (lse[rows] - vals[:, 0] * it).exp())  # 只开 top-p：整行的和
+        cum = w.cumsum(dim=-1)
+        w *= cum - w <= pr[:, None] * norm[:, None]  # top-p：排在前面的概率之和不超过 p 就留下，第一个总留下
+        done = (k < V) | (cum[:, -1] > pr * norm)  # 这一行保留的词都在前 K 名里了
+        if not grow or K == V or bool(done.all()):  # CPU 上读一个布尔值不花什么
+            found.append((rows, w, ids))
             break
-        done = (top_k < V) | (p[:, 0] == torch.inf) | (cum[:, -1] > p[:, 0])  # 截断点已经落在前 K 名里
-        if bool(done.all()):  # CPU 上读一个布尔值不花什么
-            break
-        K = min(V, K * 8)
-    last = keep.sum(dim=-1, keepdim=True) - 1  # [G, 1]：保留的是一个前缀
-    threshold = vals.gather(1, last).squeeze(1)  # [G]
-    return torch.where((top_k >= V) & (p[:, 0] == torch.inf), -torch.inf, threshold)  # 两个都没开的行
+        found.append((rows[done], w[done], ids[done]))
+        rows, K = rows[~done], min(V, K * 8)
+    out_w = torch.zeros(G, K, device=x.device)
+    out_ids = torch.zeros(G, K, dtype=torch.int64, device=x.device)
+    for r, w, i in found:  # 先定下来的行候选少：后面补 0（宽度为 0 的词抽不到）
+        out_w[r, :w.shape[1]], out_ids[r, :w.shape[1]] = w, i
+    return out_w, out_ids
 
 
 def _mix64(x: int) -> int:
@@ -55,28 +69,18 @@ def _mix64(x: int) -> int:
 
 
 def seeded_uniform(seed: int, position: int) -> float:
-    """(seed, 位置) → [0, 1) 里的一个数（2^23 个等距的值）：只由这两个整数决定，与批里还有谁无关。"""
+    """(seed, 位置) → [0, 1 − 2^-23] 里 2^23 个等距的值之一：只由这两个整数决定，与批里还有谁无关。"""
     return (_mix64(_mix64(seed) ^ position) >> 41) / 2**23
 
 
-def sample_inverse_cdf(x: torch.Tensor, temperature: torch.Tensor, uniform: torch.Tensor,
-                       threshold: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
-    """逆 CDF 采样。x: [G, V] float32 logits（还没除以 temperature）；uniform: [G]；threshold、min_p: [G] 或 None。
+def sample_inverse_cdf(w: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """逆 CDF 采样。w: [G, K] 没归一化的概率（被截掉的是 0）；uniform: [G]。→ [G] int64，w 的列号。
 
-    把 softmax(x / T) 的概率依次累加成 [0, 总和) 上的一把尺，u·总和落在哪一格就选哪个词；x < threshold 的词宽度为 0。
-    min_p：概率不到最大概率的 min_p 倍的词也去掉，即 x < max + T·ln(min_p)。
+    把 w 依次累加成 [0, 总和) 上的一把尺，每个词占一段、长度是它的 w；u·总和落在哪一段就选哪个词。
     """
-    m = x.max(dim=-1, keepdim=True).values  # [G, 1]
-    inv_t = temperature.reciprocal()[:, None]  # [G, 1]
-    w = torch.addcmul(-m * inv_t, x, inv_t).exp_()  # [G, V]：exp((x - max) / T)，一次读 x
-    if min_p is not None:
-        floor = m[:, 0] + temperature * min_p.log()  # min_p = 0 时是 -inf
-        threshold = floor if threshold is None else torch.maximum(threshold, floor)
-    if threshold is not None:
-        w.masked_fill_(x < threshold[:, None], 0.0)
-    cdf = w.cumsum(dim=-1)  # [G, V]：单调不减
-    target = uniform[:, None] * cdf[:, -1:]  # [G, 1]：u < 1 - 2^-23，所以 target < 总和
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)  # [G]：第一个 cdf > target 的词
+    cdf = w.cumsum(dim=-1)  # [G, K]：单调不减
+    target = uniform[:, None] * cdf[:, -1:]  # [G, 1]：u ≤ 1 − 2^-23，所以 target < 总和
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)  # 第一个 cdf > target 的词：宽度 0 的选不到
 
 
 def apply_penalties(x: torch.Tensor, pen: Penalties) -> None:
@@ -116,17 +120,22 @@ class LogprobsOutput(NamedTuple):
 
 @dataclass
 class SampleGroup:
-    """一批里走同一条采样路的若干行，参数已经在设备上。某个过滤整组都没开时，对应的字段是 None。"""
+    """一批里走同一条采样路的若干行，参数已经在设备上。
 
+    kind："full"：没开 top-k/top-p，在整行上抽；"candidates"：每行都开了 top-k 或 top-p，只在前 K 名里抽；
+    "flashinfer"：GPU 上没带 seed 的行，交给 FlashInfer。
+    """
+
+    kind: Literal["full", "candidates", "flashinfer"]
     rows: torch.Tensor | None  # [G] int64：这些行在批里的下标；None：整批
     temperatures: torch.Tensor  # [G] float32
     top_k: torch.Tensor  # [G] int64（V 表示这一行不截）
     top_p: torch.Tensor  # [G] float32（1 表示这一行不截）
-    min_p: torch.Tensor | None  # [G] float32
+    min_p: torch.Tensor | None  # [G] float32；整组都没开 min-p 时为 None
     uniform: torch.Tensor | None  # [G] float32：逆 CDF 用的 u（FlashInfer 那组自己出随机数，是 None）
     k_max: int = 0  # 开了 top-k 的行里最大的 k（0：整组都没开 top-k）
     any_top_p: bool = False  # 有行开了 top-p（top_p < 1）
-    p_only: bool = False  # 有行开了 top-p、没开 top-k
+    p_only: bool = False  # 有行只开了 top-p、没开 top-k
 
 
 @dataclass
@@ -151,8 +160,7 @@ class BatchSamplingArgs:
     top_logprobs: int = -1  # -1：没有请求要 logprobs；否则是这批里最大的 top_logprobs
     logit_bias: Tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (行, 词, 偏置)，各 [E]
     penalties: Penalties | None = None
-    seeded: SampleGroup | None = None  # 逆 CDF 采样的行：带 seed 的，以及 CPU 上所有采样的行
-    flashinfer: SampleGroup | None = None  # GPU 上没带 seed 的行：交给 FlashInfer
+    groups: List[SampleGroup] = field(default_factory=list)  # 采样的行，按走哪条路分组；不在任何组里的行取 argmax
     vocab_mask: torch.Tensor | None = None  # [B, W] int32，第 v 位为 1 才允许（结构化输出在 prepare 之后填）
 
 
@@ -175,17 +183,19 @@ class Sampler:
         params = [r.sampling_params for r in reqs]
         if all(p.is_greedy and not (p.logprobs or p.logit_bias or p.has_penalties) for p in params):
             return BatchSamplingArgs(greedy=True)  # 最常见的情况：一次 argmax
+        V = self.vocab_size
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
-        by_fi = [i for i in sampled if self._fi is not None and params[i].seed is None]
-        by_cdf = [i for i in sampled if self._fi is None or params[i].seed is not None]
+        ours = [i for i in sampled if self._fi is None or params[i].seed is not None]  # 逆 CDF：u 由 seed 决定
+        filtered = [i for i in ours if 0 < params[i].top_k < V or params[i].top_p < 1]
+        kinds = (("flashinfer", [i for i in sampled if i not in ours]),
+                 ("full", [i for i in ours if i not in filtered]), ("candidates", filtered))
         penalized = [i for i, p in enumerate(params) if p.has_penalties]
         return BatchSamplingArgs(
             greedy=not sampled, mixed=0 < len(sampled) < len(reqs),
             top_logprobs=max(p.top_logprobs if p.logprobs else -1 for p in params),
             logit_bias=self._logit_bias(params) if any(p.logit_bias for p in params) else None,
             penalties=self._penalties(reqs, penalized, token_pool, prompt_lens) if penalized else None,
-            seeded=self._group(reqs, by_cdf, uniform=True) if by_cdf else None,
-            flashinfer=self._group(reqs, by_fi, uniform=False) if by_fi else None)
+            groups=[self._group(reqs, rows, kind) for kind, rows in kinds if rows])
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """logits: [B, V]（不改写它：logprobs 还要用）→ [B] int32。"""
@@ -194,11 +204,9 @@ class Sampler:
         x = self._process(logits, args)  # [B, V]
         out = x.argmax(dim=-1).int() if args.greedy or args.mixed else \
             torch.empty(x.shape[0], dtype=torch.int32, device=x.device)
-        for group, fn in ((args.seeded, self._sample_cdf), (args.flashinfer, self._sample_flashinfer)):
-            if group is None:
-                continue
-            tokens = fn(x if group.rows is None else x.index_select(0, group.rows), group).int()  # [G]
-            out = tokens if group.rows is None else out.index_copy_(0, group.rows, tokens)
+        for g in args.groups:
+            tokens = self._sample_group(x if g.rows is None else x.index_select(0, g.rows), g).int()  # [G]
+            out = tokens if g.rows is None else out.index_copy_(0, g.rows, tokens)
         return out
 
     def logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, args: BatchSamplingArgs) -> LogprobsOutput | None:
@@ -217,18 +225,18 @@ class Sampler:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host.to(self.device)
 
-    def _group(self, reqs: List[Req], rows: List[int], uniform: bool) -> SampleGroup:
+    def _group(self, reqs: List[Req], rows: List[int], kind: str) -> SampleGroup:
         V = self.vocab_size
         ps = [reqs[i].sampling_params for i in rows]
         ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
         floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]]
-        if uniform:  # 每行一个 u：只由 (seed, 要采样的位置) 决定
+        if kind != "flashinfer":  # 每行一个 u：只由 (seed, 要采样的位置) 决定
             floats.append([seeded_uniform(self._seed(reqs[i]), reqs[i].device_len) for i in rows])
         f = self._to_device(torch.tensor(floats, dtype=torch.float32))  # [3 或 4, G]
         n = self._to_device(torch.tensor([rows, ks], dtype=torch.int64))  # [2, G]
-        return SampleGroup(rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0], top_k=n[1],
+        return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0], top_k=n[1],
                            top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
-                           uniform=f[3] if uniform else None, k_max=max((k for k in ks if k < V), default=0),
+                           uniform=f[3] if kind != "flashinfer" else None, k_max=max((k for k in ks if k < V), default=0),
                            any_top_p=any(p.top_p < 1 for p in ps),
                            p_only=any(k == V and p.top_p < 1 for k, p in zip(ks, ps)))
 
@@ -293,18 +301,22 @@ class Sampler:
             apply_vocab_mask(x, args.vocab_mask)
         return x
 
-    def _sample_cdf(self, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
+    def _sample_group(self, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
+        if g.kind == "flashinfer":
+            assert self._fi is not None
+            if self._generator is None:  # TP 下各 rank 的 random_seed 相同、调用次序相同，抽出的随机数也相同
+                self._generator = torch.Generator(self.device).manual_seed(self.random_seed)
+            return flashinfer_sample(self._fi, x, g, self._generator)
         assert g.uniform is not None
         x = x.float()  # [G, V]（GPU 上 logits 是 bf16）
-        threshold = filter_threshold(x, g.temperatures, g.top_k, g.top_p, g.k_max, g.p_only) \
-            if g.k_max or g.any_top_p else None
-        return sample_inverse_cdf(x, g.temperatures, g.uniform, threshold, g.min_p)
-
-    def _sample_flashinfer(self, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
-        assert self._fi is not None
-        if self._generator is None:  # TP 下各 rank 的 random_seed 相同、调用次序相同，抽出的随机数也相同
-            self._generator = torch.Generator(self.device).manual_seed(self.random_seed)
-        return flashinfer_sample(self._fi, x, g, self._generator)
+        if g.kind == "full":
+            w, ids = relative_probs(x, g.temperatures), None  # [G, V]
+        else:
+            w, ids = top_k_top_p_candidates(x, g.temperatures, g.top_k, g.top_p, g.k_max, g.p_only)  # [G, K]
+        if g.min_p is not None:  # 最后 min-p（SGLang 的顺序）：w 的最大值是 1，w 就是它与最大概率之比
+            w.masked_fill_(w < g.min_p[:, None], 0.0)
+        picked = sample_inverse_cdf(w, g.uniform)  # [G]
+        return picked if ids is None else ids.gather(1, picked[:, None]).squeeze(1)
 
 
 def flashinfer_sample(fs: ModuleType, x: torch.Tensor, g: SampleGroup, generator: torch.Generator) -> torch.Tensor:
