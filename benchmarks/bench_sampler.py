@@ -5,10 +5,11 @@
     python benchmarks/bench_sampler.py --device cuda --vocab 151936      # GPU: Qwen3's vocabulary, bf16 logits
 
 What one decode step pays after the LM head: the host work of `prepare` (building the batch's sampling arguments
-and copying them to the device) plus the device work of `sample`, timed together over --iters calls (median; on
-CUDA with a synchronize after each call). The logits are synthetic but shaped like a language model's: each row
-is a random permutation of -log(rank) plus a little noise (Zipf-like), so a top_p=0.9 nucleus at T=0.7 holds
-about a hundred tokens. Every request sits at position 256 with a 256-token context (what the penalties read).
+and copying them to the device) plus the device work of `sample` (and `logprobs`), timed together over --iters
+calls: the median of this process's CPU time on CPU (a busy machine inflates wall time, not CPU time much), of
+wall time with a synchronize after each call on CUDA. The logits are synthetic but shaped like a language model's: each row
+is a random permutation of -log(rank) plus a little noise (Zipf-like); the header prints how many tokens the
+top_p=0.9 nucleus at T=0.7 keeps. Every request sits at position 256 with a 256-token context (what the penalties read).
 
 Rows: greedy; T=0.7; T=0.7 + top_p=0.9; T=0.7 + top_k=50; the same as the third with a per-request seed;
 T=0.7 + top_p=0.9 + presence_penalty; greedy + logprobs (top 5). "vs greedy" divides by the greedy row.
@@ -60,19 +61,19 @@ def make_reqs(B: int, sp: SamplingParams, V: int) -> List[Req]:
 
 
 def time_ms(fn: Callable[[], None], device: torch.device, iters: int) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    cuda = device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
     for _ in range(3):  # warm-up: FlashInfer JIT, allocator
         fn()
-    sync()
+    if cuda:
+        torch.cuda.synchronize(device)
     times = []
     for _ in range(iters):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append((clock() - t0) * 1e3)
     return statistics.median(times)
 
 
@@ -97,6 +98,9 @@ def main() -> None:
     sampler = Sampler(device, V, random_seed=0, use_flashinfer=not args.no_flashinfer)
     fi = "FlashInfer for unseeded rows" if sampler._fi is not None else "inverse CDF for every row"
 
+    probe = zipf_logits(1, V, torch.device("cpu"), torch.float32)[0]
+    p = (probe / 0.7).softmax(-1).sort(descending=True).values
+    nucleus = int((p.cumsum(-1) - p <= 0.9).sum())
     table = {}
     for B in sizes:
         logits = zipf_logits(B, V, device, dtype)
@@ -111,13 +115,15 @@ def main() -> None:
             with torch.inference_mode():
                 table[name, B] = time_ms(step, device, iters)
 
+    clock = "wall time" if cuda else "process CPU time"
     print(f"Sampler.prepare + sample on {device} ({fi}), vocab {V}, {dtype} logits, "
-          f"{torch.get_num_threads()} thread(s), median of {iters}; ms per call (vs greedy)")
+          f"{torch.get_num_threads()} thread(s); median {clock} of {iters} calls, and the ratio to greedy; "
+          f"T=0.7 top_p=0.9 keeps {nucleus} tokens")
     w = max(len(n) for n, _ in SETTINGS)
-    print(f"{'setting':<{w}} " + " ".join(f"{'B=' + str(B):>16}" for B in sizes))
+    print(f"{'setting':<{w}} " + " ".join(f"{'B=' + str(B):>17}" for B in sizes))
     for name, _ in SETTINGS:
-        cells = [f"{table[name, B]:8.3f} ({table[name, B] / table['greedy', B]:5.1f}x)" for B in sizes]
-        print(f"{name:<{w}} " + " ".join(f"{c:>16}" for c in cells))
+        cells = [f"{table[name, B]:7.3f} ms {table[name, B] / table['greedy', B]:5.1f}x" for B in sizes]
+        print(f"{name:<{w}} " + " ".join(f"{c:>17}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ def run(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], 
             engine.prepare_batch(batch)
             args = engine.sampler.prepare(batch.reqs, prompt_lens=[plen[r.uid] for r in batch.reqs])
             result = engine.forward_batch(batch, args)
+            if result.copy_done_event is not None:  # GPU 上：等 token（和 logprobs）拷回 CPU
+                result.copy_done_event.synchronize()
             for i, (r, t) in enumerate(zip(batch.reqs, result.next_tokens_cpu.tolist())):
                 out[r.uid].append(t)
                 r.append_host(t)
@@ -249,10 +251,11 @@ PENALTIES = [dict(repetition_penalty=1.6), dict(presence_penalty=1.5), dict(freq
              dict(repetition_penalty=1.3, presence_penalty=1.0, frequency_penalty=1.0)]
 
 
-def hf_penalized(path, prompt: List[int], n: int, pen: Dict[str, float]) -> List[int]:
+def hf_penalized(path, prompt: List[int], n: int, pen: Dict[str, float], device: str = "cpu") -> List[int]:
     extra = LogitsProcessorList([AdditivePenalty(len(prompt), pen.get("presence_penalty", 0.0),
                                                  pen.get("frequency_penalty", 0.0))])
-    return hf_greedy(path, prompt, n, repetition_penalty=pen.get("repetition_penalty", 1.0), logits_processor=extra)
+    return hf_greedy(path, prompt, n, device, repetition_penalty=pen.get("repetition_penalty", 1.0),
+                     logits_processor=extra)
 
 
 def run_overlapped(engine: Engine, prompts: List[List[int]], params: List[SamplingParams]) -> List[List[int]]:
@@ -277,6 +280,8 @@ def run_overlapped(engine: Engine, prompts: List[List[int]], params: List[Sampli
                 pool[rows, torch.tensor([r.cached_len for r in batch.reqs])] = result.next_tokens_gpu
                 launched = (batch, result)
             if last is not None:  # 上一步的 token 现在才回到 CPU
+                if last[1].copy_done_event is not None:
+                    last[1].copy_done_event.synchronize()
                 for r, t in zip(last[0].reqs, last[1].next_tokens_cpu.tolist()):
                     out[r.uid].append(t)
                     r.append_host(t)
@@ -416,6 +421,81 @@ def test_gpu_graph_replay_equals_eager(fixture: str, split_kv: bool, request, mo
             assert torch.equal(replayed, eager), f"bs={bs}: max diff {(replayed - eager).abs().max()}"
     finally:
         engine.shutdown()
+
+
+def reference_probs(row: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """一行 logits 在 sp 下的采样分布（CPU、float32，用本章的函数；它们已经和逐行的参照比过）。"""
+    V = row.shape[0]
+    x, t = row[None].float().cpu(), torch.tensor([sp.temperature])
+    if 0 < sp.top_k < V or sp.top_p < 1:
+        k = sp.top_k if 0 < sp.top_k < V else V
+        w, ids = top_k_top_p_candidates(x, t, torch.tensor([k]), torch.tensor([sp.top_p]), k_max=k if k < V else 0,
+                                        p_only=k == V)
+        w = torch.zeros(1, V).scatter_add_(1, ids, w)
+    else:
+        w = relative_probs(x, t)
+    w = w.masked_fill(w < sp.min_p, 0.0)[0]
+    return w / w.sum()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_k=20),
+                                dict(temperature=0.7, top_k=20, top_p=0.8), dict(temperature=1.0, min_p=0.1),
+                                dict(temperature=1.0, top_p=0.9, min_p=0.05)], ids=str)
+@pytest.mark.parametrize("seeded", [False, True])
+def test_gpu_sampling_keeps_the_filters_and_the_distribution(kw: Dict[str, float], seeded: bool) -> None:
+    """没带 seed 的行走 FlashInfer，带 seed 的行走逆 CDF：采到的词都在截断留下的集合里，频率与分布相符。"""
+    dev, V, n = torch.device("cuda"), 1000, 8192
+    row = torch.randn(V, generator=torch.Generator().manual_seed(0)) * 3
+    sampler = Sampler(dev, V, random_seed=0)
+    params = [SamplingParams(**kw, seed=i if seeded else None) for i in range(n)]
+    args = sampler.prepare(make_reqs(params))
+    filtered = "top_p" in kw or "top_k" in kw
+    expect = "flashinfer" if not seeded and sampler._fi is not None else "candidates" if filtered else "full"
+    assert [g.kind for g in args.groups] == [expect]
+    tokens = sampler.sample(row.to(dev).expand(n, V).contiguous(), args).cpu()
+    want = reference_probs(row, params[0])
+    freq = torch.bincount(tokens.long(), minlength=V) / n
+    assert bool((want[freq > 0] > 0).all()), "a token outside the kept set was sampled"
+    assert (freq - want).abs().max() < 0.03
+
+
+@pytest.mark.gpu
+def test_gpu_seeded_rows_do_not_depend_on_the_batch() -> None:
+    """同样的 logits 行、同样的 (seed, 位置)：单独采和混在一批里采，GPU 上也是同一个词（logits 本身随批变是另一回事）。"""
+    dev, V = torch.device("cuda"), 151936
+    logits = (torch.randn(6, V, generator=torch.Generator().manual_seed(2)) * 2).to(dev, torch.bfloat16)
+    sampler = Sampler(dev, V, random_seed=0)
+    for sp in (SamplingParams(temperature=0.8, top_p=0.9, seed=11), SamplingParams(temperature=1.0, seed=12),
+               SamplingParams(temperature=0.6, top_k=40, min_p=0.05, seed=13)):
+        others = [SamplingParams(temperature=1.0), SamplingParams(), SamplingParams(temperature=0.5, top_k=5, seed=1),
+                  SamplingParams(temperature=0.9, top_p=0.5), SamplingParams(temperature=0.7, seed=2)]
+        alone = sampler.sample(logits[2:3], sampler.prepare(make_reqs([sp])))
+        mixed = sampler.sample(logits, sampler.prepare(make_reqs(others[:2] + [sp] + others[2:])))
+        assert alone.item() == mixed[2].item()
+
+
+@pytest.mark.gpu
+def test_gpu_penalties_and_logprobs_match_transformers(tiny_qwen3_hd128) -> None:
+    path = tiny_qwen3_hd128
+    engine = Engine(EngineConfig(path, device="cuda", dtype="float32", attention_backend="torch", page_size=1,
+                                 num_pages=1024, max_running_req=8, max_seq_len_override=256, cuda_graph_max_bs=0))
+    pen = dict(repetition_penalty=1.3, presence_penalty=1.0, frequency_penalty=1.0)
+    params = [SamplingParams(max_tokens=24, logprobs=True, top_logprobs=3, **pen), SamplingParams(max_tokens=24)]
+    try:
+        (got, plain), (lps, _) = run(engine, PROMPTS[:2], params, [0, 1])
+        overlapped = run_overlapped(engine, PROMPTS[:2], params)
+    finally:
+        engine.shutdown()
+    assert got == hf_penalized(path, PROMPTS[0], 24, pen, device="cuda")
+    assert plain == hf_greedy(path, PROMPTS[1], 24, "cuda")
+    assert overlapped == [got, plain]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to("cuda").eval()
+    with torch.inference_mode():
+        ref = hf(torch.tensor([PROMPTS[0] + got], device="cuda")).logits[0].log_softmax(-1).cpu()
+    for step, (tok, (lp, ids, _)) in enumerate(zip(got, lps)):
+        row = ref[len(PROMPTS[0]) - 1 + step]
+        assert abs(lp - row[tok].item()) < 1e-4 and ids == row.topk(3).indices.tolist()
 
 
 def _close_bf16(got: torch.Tensor, ref: torch.Tensor) -> None:

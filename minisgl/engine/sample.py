@@ -84,22 +84,21 @@ def sample_inverse_cdf(w: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def apply_penalties(x: torch.Tensor, pen: Penalties) -> None:
-    """原地改 x: [B, V]。repetition（HF/vLLM）看提示词 + 已生成；presence/frequency（OpenAI）只数已生成的 token。"""
-    xs = x if pen.rows is None else x.index_select(0, pen.rows)  # [P, V]
+    """原地改 x: [B, V]，只碰上下文里出现过的词。repetition（HF/vLLM）看提示词 + 已生成，先做；
+    presence/frequency（OpenAI）只数已生成的 token。"""
     col = torch.arange(pen.ids.shape[1], device=x.device)[None, :]  # [1, L]
     valid = col < pen.seq_lens[:, None]  # [P, L]
-    if pen.repetition is not None:  # 先 repetition、再 frequency 和 presence：与 transformers、vLLM 的次序相同
-        seen = torch.zeros_like(xs).scatter_add_(1, pen.ids, valid.float()) > 0  # [P, V]：上下文里出现过
-        r = pen.repetition[:, None]
-        xs = torch.where(seen, torch.where(xs > 0, xs / r, xs * r), xs)  # 正的除、负的乘：都往下压
+    ids = torch.where(valid, pen.ids, pen.ids[:, :1])  # 填充的位置指向第 0 个词：写回同一个词的值永远相同
+    rows = torch.arange(len(ids), device=x.device) if pen.rows is None else pen.rows
+    at = (rows[:, None], ids)  # x[at]: [P, L]，上下文里每个位置的那个词的 logit
+    if pen.repetition is not None:
+        cur, r = x[at], pen.repetition[:, None]
+        x[at] = torch.where(cur > 0, cur / r, cur * r)  # 正的除、负的乘：都往下压；重复的词写入同一个值
     if pen.presence is not None and pen.frequency is not None:
         generated = (valid & (col >= pen.prompt_lens[:, None])).float()  # [P, L]
-        counts = torch.zeros_like(xs).scatter_add_(1, pen.ids, generated)  # [P, V]：每个词生成了几次
-        xs = xs - pen.frequency[:, None] * counts - pen.presence[:, None] * (counts > 0)
-    if pen.rows is None:
-        x.copy_(xs)
-    else:
-        x.index_copy_(0, pen.rows, xs)
+        counts = torch.zeros(len(ids), x.shape[1], device=x.device).scatter_add_(1, ids, generated)  # [P, V]
+        n = counts.gather(1, ids)  # [P, L]：这个位置的词一共生成了几次
+        x[at] = x[at] - pen.frequency[:, None] * n - pen.presence[:, None] * (n > 0)
 
 
 def apply_vocab_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -198,7 +197,7 @@ class Sampler:
             groups=[self._group(reqs, rows, kind) for kind, rows in kinds if rows])
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """logits: [B, V]（不改写它：logprobs 还要用）→ [B] int32。"""
+        """logits: [B, V] → [B] int32。有请求要 logprobs 时不改写 logits（logprobs 要原始的）。"""
         if args.greedy and args.logit_bias is None and args.penalties is None and args.vocab_mask is None:
             return logits.argmax(dim=-1).int()
         x = self._process(logits, args)  # [B, V]
@@ -291,7 +290,8 @@ class Sampler:
         """logit_bias → 惩罚 → 结构化输出的掩码。什么都不用改时原样返回（不拷贝）。"""
         if args.logit_bias is None and args.penalties is None and args.vocab_mask is None:
             return logits
-        x = logits.to(torch.float32, copy=True)  # [B, V]：之后都原地改这一份
+        # 之后都原地改 x。要 logprobs 时先拷一份：它要原始的 logits；不要时 float32 的 logits 之后没人再读
+        x = logits.float() if args.top_logprobs < 0 else logits.to(torch.float32, copy=True)  # [B, V]
         if args.logit_bias is not None:
             rows, cols, vals = args.logit_bias
             x.index_put_((rows, cols), vals, accumulate=True)
