@@ -305,7 +305,7 @@ class Sampler:
         if g.kind == "flashinfer":
             assert self._fi is not None
             if self._generator is None:  # TP 下各 rank 的 random_seed 相同、调用次序相同，抽出的随机数也相同
-                self._generator = torch.Generator(self.device).manual_seed(self.random_seed)
+                self._generator = torch.Generator(device=self.device).manual_seed(self.random_seed)
             return flashinfer_sample(self._fi, x, g, self._generator)
         assert g.uniform is not None
         x = x.float()  # [G, V]（GPU 上 logits 是 bf16）
