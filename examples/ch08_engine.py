@@ -27,7 +27,8 @@ def ensure_pages(req: Req) -> None:
         engine.page_table[req.table_idx, start:start + P] = torch.arange(pages[-1] * P, (pages[-1] + 1) * P)
 
 
-def generate(prompts: List[List[int]], params: List[SamplingParams], logprobs: List | None = None) -> List[List[int]]:
+def generate(prompts: List[List[int]], params: List[SamplingParams],
+             logprobs: List | None = None) -> List[List[int]]:
     """所有请求一起 prefill，再一起 decode，直到每个请求都生成了 max_tokens 个 token（静态批）。
     给了 logprobs 列表时，把第 0 个请求每一步的 (logprob, top ids, top logprobs) 追加进去。"""
     reqs = [Req(torch.tensor(p, dtype=torch.int32), i, 0, sp.max_tokens, uid=i, sampling_params=sp)

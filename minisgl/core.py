@@ -50,22 +50,23 @@ class SamplingParams:
             "max_tokens": (self.max_tokens is None or integer(self.max_tokens, 1),
                            "must be >= 1, or None (until EOS or the context is full)"),
             "seed": (self.seed is None or integer(self.seed, 0), "must be an integer in [0, 2**63)"),
-            "stop_token_ids": (isinstance(self.stop_token_ids, (list, tuple))
-                               and all(integer(t, 0) for t in self.stop_token_ids), "must be a list of token ids >= 0"),
+            "stop_token_ids": (isinstance(self.stop_token_ids, (list, tuple)) and all(
+                integer(t, 0) for t in self.stop_token_ids), "must be a list of token ids >= 0"),
             "presence_penalty": (num(self.presence_penalty, -2, 2), "must be in [-2, 2]"),
             "frequency_penalty": (num(self.frequency_penalty, -2, 2), "must be in [-2, 2]"),
             "repetition_penalty": (num(self.repetition_penalty, 0, inf) and self.repetition_penalty > 0,
                                    "must be > 0 (1 means off)"),
             "logit_bias": (isinstance(self.logit_bias, dict) and all(
                 isinstance(k, str) and k.isascii() and k.isdigit() and num(v, -100, 100)
-                for k, v in self.logit_bias.items()), "must map token ids (decimal strings) to biases in [-100, 100]"),
+                for k, v in self.logit_bias.items()), "must map token ids (decimal strings) to [-100, 100]"),
             "top_logprobs": (integer(self.top_logprobs, 0, 20 if self.logprobs else 0),
                              "must be in [0, 20], and 0 unless logprobs=True"),
         }
         for name, (ok, rule) in checks.items():
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} {rule}")
-        self._bias = ([int(k) for k in self.logit_bias], [float(v) for v in self.logit_bias.values()])  # 只解析一次
+        # logit_bias 只解析一次：采样器每一步都要用
+        self._bias = ([int(k) for k in self.logit_bias], [float(v) for v in self.logit_bias.values()])
 
     @property
     def is_greedy(self) -> bool:

@@ -170,7 +170,8 @@ class Sampler:
     （以及没装 FlashInfer 的 GPU 上）和带 seed 的请求一样走逆 CDF，seed 由 random_seed 和 uid 派生。
     """
 
-    def __init__(self, device: torch.device, vocab_size: int, random_seed: int, use_flashinfer: bool = True) -> None:
+    def __init__(self, device: torch.device, vocab_size: int, random_seed: int,
+                 use_flashinfer: bool = True) -> None:
         self.device, self.vocab_size, self.random_seed = device, vocab_size, random_seed
         self._fi = _flashinfer_sampling() if use_flashinfer and device.type == "cuda" else None
         self._generator: torch.Generator | None = None  # FlashInfer 用；第一次用时建
@@ -208,7 +209,8 @@ class Sampler:
             out = tokens if g.rows is None else out.index_copy_(0, g.rows, tokens)
         return out
 
-    def logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, args: BatchSamplingArgs) -> LogprobsOutput | None:
+    def logprobs(self, logits: torch.Tensor, tokens: torch.Tensor,
+                 args: BatchSamplingArgs) -> LogprobsOutput | None:
         """模型自己的分布：原始 logits 的 log_softmax（惩罚、logit_bias、temperature、截断之前）。没人要时是 None。"""
         n = args.top_logprobs
         if n < 0:
@@ -233,10 +235,10 @@ class Sampler:
             floats.append([seeded_uniform(self._seed(reqs[i]), reqs[i].device_len) for i in rows])
         f = self._to_device(torch.tensor(floats, dtype=torch.float32))  # [3 或 4, G]
         n = self._to_device(torch.tensor([rows, ks], dtype=torch.int64))  # [2, G]
-        return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0], top_k=n[1],
-                           top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
-                           uniform=f[3] if kind != "flashinfer" else None, k_max=max((k for k in ks if k < V), default=0),
-                           any_top_p=any(p.top_p < 1 for p in ps),
+        return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0],
+                           top_k=n[1], top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
+                           uniform=f[3] if kind != "flashinfer" else None,
+                           k_max=max((k for k in ks if k < V), default=0), any_top_p=any(p.top_p < 1 for p in ps),
                            p_only=any(k == V and p.top_p < 1 for k, p in zip(ks, ps)))
 
     def _logit_bias(self, params: List[SamplingParams]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -245,7 +247,7 @@ class Sampler:
         vals: List[float] = []
         for i, p in enumerate(params):
             ids, biases = p.logit_bias_ids  # SamplingParams 构造时已经把 "123" 解析成了整数
-            assert not ids or max(ids) < self.vocab_size, f"logit_bias token {max(ids)} >= vocab {self.vocab_size}"
+            assert not ids or max(ids) < self.vocab_size, f"logit_bias {max(ids)=} >= {self.vocab_size=}"
             rows += [i] * len(ids)
             cols += ids
             vals += biases
