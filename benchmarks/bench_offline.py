@@ -8,7 +8,9 @@
 
 The protocol (nano-vllm's bench.py): N prompts of random token ids (random.seed(0), ids in [0, 10000)),
 input and output lengths uniform in [lo, hi], ignore_eos, greedy; one warm-up, then `llm.generate` on all
-N at once is timed. Throughput = output tokens / seconds.
+N at once is timed. Throughput = output tokens / seconds. The same LLM then runs the same prompts and lengths
+sampled (temperature 0.7, top_p 0.9, no seed: what a chat client sends), and that row's "vs minisgl" is its
+throughput over the greedy row's (--sampling greedy skips it; --sampling sampled runs only the sampled one).
 
 transformers does the same work two ways, in the same process, on the same weights and dtype:
   - `generate` in static batches of --hf-batch, in submission order, left padding; max_new_tokens =
@@ -82,9 +84,14 @@ def timed(fn: Callable[[], int], device: str) -> Tuple[int, float]:
     return tokens, time.perf_counter() - t0
 
 
+SAMPLED = "sampled (T=0.7, top_p=0.9)"
+
+
 def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | None = None,
-                subsets: List[int] = (), profile: bool = False) -> List[Tuple[str, int, float]]:
-    """One LLM: the whole workload timed, then (subsets) its first k sequences, then (profile) a profiled run."""
+                subsets: List[int] = (), profile: bool = False, sampling: str = "greedy"
+                ) -> List[Tuple[str, int, float]]:
+    """One LLM: the whole workload timed (greedy, then sampled if asked), then (subsets) its first k sequences,
+    then (profile) a profiled run."""
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
@@ -101,8 +108,9 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     llm = LLM(str(path), **kw)
     llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up
 
-    def go(ps, outs) -> int:
-        params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in outs]
+    def go(ps, outs, sampled: bool = False) -> int:
+        t = dict(temperature=0.7, top_p=0.9) if sampled else dict(temperature=0.0)
+        params = [SamplingParams(ignore_eos=True, max_tokens=n, **t) for n in outs]
         got = [len(o["token_ids"]) for o in llm.generate(ps, params, use_tqdm=False)]
         assert got == list(outs), "minisgl produced a different number of tokens than asked"
         return sum(got)
@@ -113,7 +121,11 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     if os.environ.get("MINISGL_FUSED_KERNELS") == "0":
         desc += ", fused kernels off"
     desc += ")"
-    rows = [(desc, *timed(lambda: go(prompts, outputs), args.device))]
+    rows = []
+    if sampling in ("both", "greedy"):
+        rows.append((desc, *timed(lambda: go(prompts, outputs), args.device)))
+    if sampling in ("both", "sampled"):
+        rows.append((f"{desc} · {SAMPLED}", *timed(lambda: go(prompts, outputs, sampled=True), args.device)))
     for k in subsets:
         rows.append((f"{desc} · first {k}", *timed(lambda: go(prompts[:k], outputs[:k]), args.device)))
     if profile:
@@ -291,6 +303,9 @@ def main() -> None:
     ap.add_argument("--hf-seqs", type=int, default=None,
                     help="run transformers on the first K sequences only, and minisgl on them too for the ratio "
                          "(default: all on CPU, 64 with --gpu, where transformers takes minutes)")
+    ap.add_argument("--sampling", choices=["both", "greedy", "sampled"], default="both",
+                    help="the first configuration runs greedy and sampled (T=0.7, top_p=0.9) back to back (default), "
+                         "or one of them; the other configurations run greedy")
     ap.add_argument("--profile", action="store_true", help="profile the first minisgl configuration (torch profiler)")
     ap.add_argument("--host-profile", action="store_true", help="with --profile: also cProfile the host side")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
@@ -337,7 +352,8 @@ def main() -> None:
     subsets = [k] if hf and k < n else []
     rows = []
     for i, v in enumerate(variants):
-        rows += run_minisgl(path, prompts, outputs, args, v, subsets if i == 0 else [], args.profile and i == 0)
+        rows += run_minisgl(path, prompts, outputs, args, v, subsets if i == 0 else [], args.profile and i == 0,
+                            args.sampling if i == 0 else "greedy")
         if gpu:
             torch.cuda.empty_cache()
     model = load_hf(path, args) if hf else None
@@ -353,7 +369,7 @@ def main() -> None:
     import transformers
     name = mcfg.get("architectures", ["?"])[0] + (" (random weights)" if tmp else "")
     print(f"\n{name} on {args.device}, {n} sequences, input and output lengths uniform in [{lo}, {hi}], "
-          f"{sum(len(p) for p in prompts)} prompt tokens, ignore_eos, greedy; torch {torch.__version__}, "
+          f"{sum(len(p) for p in prompts)} prompt tokens, ignore_eos; torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {torch.get_num_threads()} threads")
     print_rows(rows)
     if args.json:
@@ -363,12 +379,16 @@ def main() -> None:
 
 
 def print_rows(rows: List[Tuple[str, int | None, float | None]]) -> None:
-    """The table; "vs minisgl" compares each row with the first minisgl row over the same sequences."""
+    """The table; "vs minisgl" compares each row with the first greedy minisgl row over the same sequences
+    (a sampled row with the greedy row of its configuration)."""
+    def tags(desc: str) -> List[str]:
+        return [t for t in desc.split(" · ")[1:] if t != SAMPLED]
+
     def base_for(desc: str) -> float:
-        tag = desc.split(" · ")[1] if " · " in desc else None
         for d, t, s in rows:
-            if d.startswith("minisgl") and (d.split(" · ")[1] if " · " in d else None) == tag and t:
-                return t / s
+            if d.startswith("minisgl") and SAMPLED not in d and tags(d) == tags(desc) and t:
+                if SAMPLED not in desc or d == desc.split(" · ")[0]:
+                    return t / s
         return float("nan")
 
     w = max(len(r[0]) for r in rows)

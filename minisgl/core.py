@@ -1,9 +1,9 @@
-# Tangled from book/chapters/ch06_kvcache.ipynb and ch11_overlap.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch06_kvcache.ipynb and ch08_engine.ipynb and ch11_overlap.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, List, Literal
+from typing import TYPE_CHECKING, Dict, Iterator, List, Literal, Tuple
 
 import torch
 
@@ -17,29 +17,69 @@ if TYPE_CHECKING:
 
 @dataclass
 class SamplingParams:
-    """一个请求怎样采样、最多生成多少；字段名与 upstream 和 OpenAI 接口一致。"""
+    """一个请求怎样采样、最多生成多少、要不要 logprobs；字段名与 upstream、OpenAI 接口和 SGLang 一致。"""
 
     temperature: float = 0.0  # 0 表示贪心
     top_k: int = -1  # -1 表示不限
-    top_p: float = 1.0
+    top_p: float = 1.0  # 1 表示不限
+    min_p: float = 0.0  # 概率不到最大概率的 min_p 倍的词不要；0 表示不限
     ignore_eos: bool = False
-    max_tokens: int = 1024
-    seed: int | None = None  # 给了 seed：这个请求单独跑、或混在任何批里，采样出的 token 都一样
+    max_tokens: int | None = None  # None：直到 EOS 或上下文装满（调度器接纳请求时换成具体的数）
+    seed: int | None = None  # 给了 seed：同一个请求单独跑、或混在任何批里，采样用的随机数都一样
     stop_token_ids: List[int] = field(default_factory=list)
+    presence_penalty: float = 0.0  # OpenAI：生成过的词一律减去它
+    frequency_penalty: float = 0.0  # OpenAI：生成过的词，生成过几次就减几次
+    repetition_penalty: float = 1.0  # HF/vLLM/SGLang：上下文里出现过的词，正 logit 除以它、负的乘以它
+    logit_bias: Dict[str, float] = field(default_factory=dict)  # 词的编号（十进制字符串）→ 加到 logit 上
+    logprobs: bool = False  # 返回采到的词的 log 概率
+    top_logprobs: int = 0  # 另外返回最可能的 N 个词和它们的 log 概率（0..20）
 
     def __post_init__(self) -> None:
-        checks = {"temperature": (self.temperature >= 0, "must be >= 0 (0 means greedy)"),
-                  "top_k": (self.top_k == -1 or self.top_k >= 1, "must be -1 (off) or >= 1"),
-                  "top_p": (0 < self.top_p <= 1, "must be in (0, 1]"),
-                  "max_tokens": (self.max_tokens >= 1, "must be >= 1"),
-                  "seed": (self.seed is None or 0 <= self.seed < 2**63, "must be a non-negative integer")}
+        def num(x: object, lo: float, hi: float) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi
+
+        def integer(x: object, lo: int, hi: int = 2**63 - 1) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
+
+        inf = float("inf")
+        checks = {
+            "temperature": (num(self.temperature, 0, inf), "must be >= 0 (0 means greedy)"),
+            "top_k": (self.top_k == -1 or integer(self.top_k, 1), "must be -1 (off) or >= 1"),
+            "top_p": (num(self.top_p, 0, 1) and self.top_p > 0, "must be in (0, 1]"),
+            "min_p": (num(self.min_p, 0, 1), "must be in [0, 1]"),
+            "max_tokens": (self.max_tokens is None or integer(self.max_tokens, 1),
+                           "must be >= 1, or None (until EOS or the context is full)"),
+            "seed": (self.seed is None or integer(self.seed, 0), "must be an integer in [0, 2**63)"),
+            "stop_token_ids": (isinstance(self.stop_token_ids, (list, tuple)) and all(
+                integer(t, 0) for t in self.stop_token_ids), "must be a list of token ids >= 0"),
+            "presence_penalty": (num(self.presence_penalty, -2, 2), "must be in [-2, 2]"),
+            "frequency_penalty": (num(self.frequency_penalty, -2, 2), "must be in [-2, 2]"),
+            "repetition_penalty": (num(self.repetition_penalty, 0, inf) and self.repetition_penalty > 0,
+                                   "must be > 0 (1 means off)"),
+            "logit_bias": (isinstance(self.logit_bias, dict) and all(
+                isinstance(k, str) and k.isascii() and k.isdigit() and num(v, -100, 100)
+                for k, v in self.logit_bias.items()), "must map token ids (decimal strings) to [-100, 100]"),
+            "top_logprobs": (integer(self.top_logprobs, 0, 20 if self.logprobs else 0),
+                             "must be in [0, 20], and 0 unless logprobs=True"),
+        }
         for name, (ok, rule) in checks.items():
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} {rule}")
+        # logit_bias 只解析一次：采样器每一步都要用
+        self._bias = ([int(k) for k in self.logit_bias], [float(v) for v in self.logit_bias.values()])
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def logit_bias_ids(self) -> Tuple[List[int], List[float]]:
+        """logit_bias 解析成 (词的编号, 偏置) 两个列表。"""
+        return self._bias
 
 
 @dataclass(eq=False)

@@ -1,50 +1,72 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
-"""第 8 章：Engine 的贪心输出等于 transformers；带 seed 的采样与批无关；top-k/top-p 截断等于逐行的参照实现。"""
+"""第 8 章：Engine 的贪心输出等于 transformers；采样的截断、抽样、seed、惩罚、logit_bias、logprobs 和掩码。"""
 import random
-from typing import Dict, List
+from dataclasses import replace
+from typing import Dict, List, Tuple
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedInfo
-from minisgl.engine import Engine, EngineConfig, graph_batch_sizes
-from minisgl.engine.sample import gumbel_noise, top_k_top_p_filter
+from minisgl.engine import Engine, EngineConfig, Sampler, graph_batch_sizes
+from minisgl.engine.sample import relative_probs, sample_inverse_cdf, seeded_uniform, top_k_top_p_candidates
 
 PROMPTS = [[9707, 11, 847, 829, 374], [3555, 374, 279, 6722, 315, 9625, 30, 13, 11, 847, 1879, 20, 785, 3555, 11,
            847, 829, 374, 9707], [785], [20, 374, 279]]
+Logprobs = List[Tuple[float, List[int], List[float]]]  # 每一步：(采到的词的 logprob, top ids, top logprobs)
 
 
-def generate(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], uids: List[int]) -> List[List[int]]:
-    """静态批：一起 prefill、一起 decode 到各自的 max_tokens；页从一个空闲列表里按需拿，结束时全部还回。"""
-    P, free = engine.config.page_size, list(range(engine.num_pages))
-    owned: Dict[int, List[int]] = {}
-    reqs = [Req(torch.tensor(p, dtype=torch.int32), i, 0, sp.max_tokens, uid, sp)
-            for i, (p, sp, uid) in enumerate(zip(prompts, params, uids))]
+def ensure_pages(engine: Engine, r: Req, owned: Dict[int, List[int]], free: List[int]) -> None:
+    """给请求槽 r.table_idx 补够装下 device_len 个 token 的页，从空闲列表里乱序地拿。"""
+    P, pages = engine.config.page_size, owned.setdefault(r.table_idx, [])
+    while len(pages) * P < r.device_len:
+        pages.append(free.pop(random.Random(len(free)).randrange(len(free))))
+        start = (len(pages) - 1) * P
+        engine.page_table[r.table_idx, start:start + P] = torch.arange(pages[-1] * P, (pages[-1] + 1) * P)
+
+
+def run(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], uids: List[int],
+        prompt_lens: List[int] | None = None, slots: List[int] | None = None
+        ) -> Tuple[List[List[int]], List[Logprobs]]:
+    """静态批：一起 prefill、一起 decode 到各自的 max_tokens；页从一个空闲列表里按需拿。返回 token 和 logprobs。"""
+    free, owned = list(range(engine.num_pages)), {}
+    slots = slots or list(range(len(prompts)))
+    reqs = [Req(torch.tensor(p, dtype=torch.int32), slot, 0, sp.max_tokens, uid, sp)
+            for p, sp, uid, slot in zip(prompts, params, uids, slots)]
+    plen = dict(zip(uids, prompt_lens or [len(p) for p in prompts]))
     out: Dict[int, List[int]] = {r.uid: [] for r in reqs}
+    lps: Dict[int, Logprobs] = {r.uid: [] for r in reqs}
     batch = Batch(reqs, "prefill")
     with torch.inference_mode():
         while batch.reqs:
             for r in batch.reqs:
-                pages = owned.setdefault(r.table_idx, [])
-                while len(pages) * P < r.device_len:
-                    pages.append(free.pop(random.Random(len(free)).randrange(len(free))))  # 乱序分页
-                    start = (len(pages) - 1) * P
-                    engine.page_table[r.table_idx, start:start + P] = torch.arange(pages[-1] * P, (pages[-1] + 1) * P)
+                ensure_pages(engine, r, owned, free)
             engine.prepare_batch(batch)
-            result = engine.forward_batch(batch, engine.sampler.prepare(batch.reqs))
-            for r, t in zip(batch.reqs, result.next_tokens_cpu.tolist()):
+            args = engine.sampler.prepare(batch.reqs, prompt_lens=[plen[r.uid] for r in batch.reqs])
+            result = engine.forward_batch(batch, args)
+            if result.copy_done_event is not None:  # GPU 上：等 token（和 logprobs）拷回 CPU
+                result.copy_done_event.synchronize()
+            for i, (r, t) in enumerate(zip(batch.reqs, result.next_tokens_cpu.tolist())):
                 out[r.uid].append(t)
                 r.append_host(t)
+                if result.logprobs is not None and r.sampling_params.logprobs:
+                    n, lp = r.sampling_params.top_logprobs, result.logprobs
+                    lps[r.uid].append((lp.token_logprobs[i].item(), lp.top_ids[i, :n].tolist(),
+                                       lp.top_logprobs[i, :n].tolist()))
             batch = Batch([r for r in batch.reqs if r.remain_len > 0], "decode")
-    return [out[u] for u in uids]
+    return [out[u] for u in uids], [lps[u] for u in uids]
 
 
-def hf_greedy(path, prompt: List[int], n: int, device: str = "cpu") -> List[int]:
+def generate(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], uids: List[int]) -> List[List[int]]:
+    return run(engine, prompts, params, uids)[0]
+
+
+def hf_greedy(path, prompt: List[int], n: int, device: str = "cpu", **kwargs) -> List[int]:
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
     return hf.generate(torch.tensor([prompt], device=device), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                       pad_token_id=0)[0, len(prompt):].tolist()
+                       pad_token_id=0, **kwargs)[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -72,48 +94,133 @@ def test_seeded_sampling_is_independent_of_the_batch(tiny_qwen3) -> None:
         mixed = generate(engine, [PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[3]],
                          [others[0], others[1], seeded, others[2]], [5, 6, 101, 7])[2]
         assert alone == mixed
-        other_seed = generate(engine, [PROMPTS[1]], [SamplingParams(temperature=0.9, top_k=40, top_p=0.9,
-                                                                    max_tokens=12, seed=8)], [100])[0]
+        other_seed = generate(engine, [PROMPTS[1]], [replace(seeded, seed=8)], [100])[0]
         assert other_seed != alone, "a different seed should sample differently"
     finally:
         engine.shutdown()
 
 
-def reference_filter(row: List[float], k: int, p: float) -> List[float]:
-    """逐行、最直白的参照：排序，留前 k 个，再按归一化概率留到累计刚到 p。"""
+def reference_keep(row: List[float], t: float, k: int, p: float, min_p: float) -> List[bool]:
+    """逐行、最直白的参照：除以 T，排序，留前 k 个，再按归一化概率留到累计刚到 p，最后 min-p。"""
     order = sorted(range(len(row)), key=lambda i: -row[i])
     kept = order[:k] if k > 0 else order
-    probs = torch.tensor([row[i] for i in kept]).softmax(-1).tolist()
+    probs = torch.tensor([row[i] / t for i in kept], dtype=torch.float64).softmax(-1).tolist()
     out, acc = [], 0.0
     for i, pr in zip(kept, probs):
         if acc > p:
             break
         out.append(i)
         acc += pr
-    return [row[i] if i in out else float("-inf") for i in range(len(row))]
+    top = max(probs)
+    out = [i for i, pr in zip(kept, probs) if i in out and pr >= min_p * top]
+    return [i in out for i in range(len(row))]
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_top_k_top_p_filter_matches_reference(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("V", [50, 3000])
+def test_filters_match_reference(seed: int, V: int) -> None:
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(6, 50, generator=gen) * 3
-    ks = [random.Random(seed + i).choice([-1, 1, 5, 50]) for i in range(6)]
-    ps = [random.Random(seed * 7 + i).choice([1.0, 0.9, 0.5, 0.01]) for i in range(6)]
-    got = top_k_top_p_filter(logits, torch.tensor([k if k > 0 else 50 for k in ks]), torch.tensor(ps))
-    for row, k, p, g in zip(logits.tolist(), ks, ps, got.tolist()):
-        assert g == reference_filter(row, k, p)
+    logits = torch.randn(6, V, generator=gen) * (3 if V == 50 else 0.5)  # 词表大时分布平：top-p 要看很多名
+    rng = random.Random(seed)
+    ts = [rng.choice([0.5, 1.0, 1.7]) for _ in range(6)]
+    ks = [rng.choice([-1, -1, 1, 5, 40]) for _ in range(6)]
+    ps = [rng.choice([1.0, 0.99, 0.9, 0.5, 0.01]) for _ in range(6)]
+    ps = [0.9 if k < 0 and p == 1 else p for k, p in zip(ks, ps)]  # 这条路上每行都开了 top-k 或 top-p
+    ms = [rng.choice([0.0, 0.0, 0.05]) for _ in range(6)]
+    w, ids = top_k_top_p_candidates(logits, torch.tensor(ts), torch.tensor([k if k > 0 else V for k in ks]),
+                                    torch.tensor(ps), k_max=max((k for k in ks if k > 0), default=0),
+                                    p_only=any(k < 0 for k in ks))
+    for r in range(6):
+        got = sorted(ids[r, (w[r] > 0) & (w[r] >= ms[r])].tolist())  # min-p：w 的最大值是 1
+        want = [i for i, keep in enumerate(reference_keep(logits[r].tolist(), ts[r], ks[r], ps[r], ms[r])) if keep]
+        assert got == want, f"row {r}"
 
 
-def test_top_k_1_is_greedy_and_gumbel_matches_softmax() -> None:
+def test_top_p_one_keeps_every_token() -> None:
+    V = 151936  # Qwen3 的词表：15 万个 float32 概率的累加和会超过 1
+    sampler = Sampler(torch.device("cpu"), vocab_size=V, random_seed=0)
+    params = [SamplingParams(temperature=0.7, top_p=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+              SamplingParams(temperature=0.7, top_k=V + 5), SamplingParams(temperature=0.7, top_k=1000, top_p=1.0)]
+    args = sampler.prepare(make_reqs(params))
+    assert [(g.kind, g.rows.tolist()) for g in args.groups] == [("full", [0, 2]), ("candidates", [1, 3])]
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(1)) * 2
+    w, _ = top_k_top_p_candidates(logits, torch.ones(2), torch.tensor([V, 1000]), torch.tensor([0.9, 1.0]),
+                                  k_max=1000, p_only=True)
+    assert int((w[1] > 0).sum()) == 1000 and 0 < int((w[0] > 0).sum()) < V
+
+
+def test_inverse_cdf_matches_softmax_and_top_k_1_is_greedy() -> None:
+    row = torch.tensor([1.5, 0.5, 0.0, -1.0, -torch.inf])
+    u = torch.tensor([seeded_uniform(s, 3) for s in range(40000)])
+    picks = sample_inverse_cdf(relative_probs(row.expand(40000, 5), torch.full((40000,), 0.7)), u)
+    freq = torch.bincount(picks, minlength=5) / len(u)
+    torch.testing.assert_close(freq, (row / 0.7).softmax(-1), atol=0.01, rtol=0)
+    assert freq[4] == 0, "a token with probability 0 is never picked"
     logits = torch.randn(8, 100)
-    kept = top_k_top_p_filter(logits, torch.ones(8, dtype=torch.int64), torch.ones(8))
-    noisy = kept + gumbel_noise(torch.arange(8), torch.full((8,), 3), 100)
-    assert torch.equal(noisy.argmax(-1), logits.argmax(-1))
-    row = torch.tensor([1.5, 0.5, 0.0, -1.0])
-    seeds = torch.arange(40000)
-    picks = (row + gumbel_noise(seeds, torch.zeros_like(seeds), 4)).argmax(-1)
-    freq = torch.bincount(picks, minlength=4) / len(seeds)
-    torch.testing.assert_close(freq, row.softmax(-1), atol=0.01, rtol=0)
+    w, ids = top_k_top_p_candidates(logits, torch.ones(8), torch.ones(8, dtype=torch.int64), torch.ones(8), k_max=1,
+                                    p_only=False)
+    edge = torch.full((8,), 1 - 2**-23)  # seeded_uniform 能给出的最大值
+    for u in (torch.zeros(8), edge):
+        assert torch.equal(ids.gather(1, sample_inverse_cdf(w, u)[:, None]).squeeze(1), logits.argmax(-1))
+    values = [seeded_uniform(s, p) for s in range(200) for p in range(50)]
+    assert 0 <= min(values) and max(values) <= 1 - 2**-23 and len(set(values)) > 9900
+
+
+def make_reqs(params: List[SamplingParams], prompt_len: int = 3) -> List[Req]:
+    return [Req(torch.arange(prompt_len, dtype=torch.int32), i, 0, 8, uid=i, sampling_params=p)
+            for i, p in enumerate(params)]
+
+
+def test_each_step_costs_nothing_when_off() -> None:
+    sampler = Sampler(torch.device("cpu"), vocab_size=1000, random_seed=0)
+    plain = sampler.prepare(make_reqs([SamplingParams(), SamplingParams(top_k=1, temperature=0.5)]))
+    assert plain.greedy and not plain.groups and plain.penalties is None and plain.logit_bias is None
+    assert plain.top_logprobs == -1
+    args = sampler.prepare(make_reqs([SamplingParams(temperature=0.7, top_p=0.9)] * 3 + [SamplingParams()]))
+    (g,) = args.groups
+    assert args.mixed and g.kind == "candidates" and g.k_max == 0 and g.p_only and g.min_p is None
+    assert g.rows is not None and g.rows.tolist() == [0, 1, 2] and args.penalties is None
+    (only_t,) = sampler.prepare(make_reqs([SamplingParams(temperature=0.7)])).groups
+    assert only_t.kind == "full" and only_t.rows is None
+    (top_k,) = sampler.prepare(make_reqs([SamplingParams(temperature=0.7, top_k=k) for k in (5, 50)])).groups
+    assert top_k.kind == "candidates" and top_k.k_max == 50 and not top_k.p_only and not top_k.any_top_p
+
+
+def test_vocab_mask_allows_only_set_bits() -> None:
+    B, V = 3, 100
+    W = (V + 31) // 32
+    gen = torch.Generator().manual_seed(0)
+    sampler = Sampler(torch.device("cpu"), vocab_size=V, random_seed=0)
+    for step in range(20):
+        logits = torch.randn(B, V, generator=gen)
+        allowed = torch.rand(B, V, generator=gen) < 0.2
+        allowed[:, 31] = allowed[:, 32] = True  # 第 31 位是 int32 的符号位
+        bits = torch.zeros(B, W * 32, dtype=torch.int64)
+        bits[:, :V] = allowed.long()
+        words = (bits.view(B, W, 32) << torch.arange(32)).sum(-1)  # [B, W]，0..2^32-1
+        mask = (words - (words >= 2**31).long() * 2**32).int()  # 按 int32 的补码存
+        reqs = make_reqs([SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(temperature=2.0, seed=3)],
+                         prompt_len=3 + step)
+        args = sampler.prepare(reqs)
+        args.vocab_mask = mask
+        tokens = sampler.sample(logits, args).tolist()
+        assert all(allowed[r, t] for r, t in enumerate(tokens)), (step, tokens)
+        assert tokens[0] == logits[0].masked_fill(~allowed[0], -torch.inf).argmax().item()
+
+
+def test_sampling_params_errors_name_the_field() -> None:
+    bad = dict(temperature=-1.0, top_k=0, top_p=0.0, min_p=1.5, max_tokens=0, seed=-1, stop_token_ids=[-3],
+               presence_penalty=2.5, frequency_penalty=-3.0, repetition_penalty=0.0, logit_bias={"x": 1.0},
+               top_logprobs=21)
+    for name, value in bad.items():
+        with pytest.raises(ValueError, match=f"^{name}={value!r} ".replace("[", r"\[").replace("{", r"\{")):
+            SamplingParams(**{name: value})
+    with pytest.raises(ValueError, match=r"^logit_bias=\{'5': 200\} "):
+        SamplingParams(logit_bias={"5": 200})
+    with pytest.raises(ValueError, match="^top_logprobs=3 .*logprobs=True"):
+        SamplingParams(top_logprobs=3)
+    ok = SamplingParams(logit_bias={"5": -100, "12": 2.5}, logprobs=True, top_logprobs=20)
+    assert ok.logit_bias_ids == ([5, 12], [-100.0, 2.5]) and ok.max_tokens is None
 
 
 def test_config_errors_name_the_flag(tiny_qwen3) -> None:
@@ -121,9 +228,151 @@ def test_config_errors_name_the_flag(tiny_qwen3) -> None:
         EngineConfig(tiny_qwen3, page_size=0)
     with pytest.raises(ValueError, match="--memory-ratio 1.5"):
         EngineConfig(tiny_qwen3, memory_ratio=1.5)
+    with pytest.raises(ValueError, match="--num-threads 0"):
+        EngineConfig(tiny_qwen3, num_threads=0)
     with pytest.raises(ValueError, match="--num-pages 2 holds 2 pages"):
         Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=2, page_size=16, max_seq_len_override=4096))
     assert graph_batch_sizes(20) == [1, 2, 4, 8, 16] and graph_batch_sizes(256)[-1] == 256
+
+
+class AdditivePenalty(LogitsProcessor):
+    """OpenAI 的 presence/frequency penalty，写成 transformers 的 logits processor：只数提示词之后生成的 token。"""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float) -> None:
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        gen = input_ids[:, self.prompt_len:]
+        counts = torch.zeros_like(scores).scatter_add_(1, gen, torch.ones_like(gen, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0)
+
+
+PENALTIES = [dict(repetition_penalty=1.6), dict(presence_penalty=1.5), dict(frequency_penalty=2.0),
+             dict(repetition_penalty=1.3, presence_penalty=1.0, frequency_penalty=1.0)]
+
+
+def hf_penalized(path, prompt: List[int], n: int, pen: Dict[str, float], device: str = "cpu") -> List[int]:
+    extra = LogitsProcessorList([AdditivePenalty(len(prompt), pen.get("presence_penalty", 0.0),
+                                                 pen.get("frequency_penalty", 0.0))])
+    return hf_greedy(path, prompt, n, device, repetition_penalty=pen.get("repetition_penalty", 1.0),
+                     logits_processor=extra)
+
+
+def run_overlapped(engine: Engine, prompts: List[List[int]], params: List[SamplingParams]) -> List[List[int]]:
+    """第 11 章的方式：下一步的输入从设备上的 token 表里取，上一步的 token 晚一步才回到 CPU 的 input_ids。"""
+    free, owned = list(range(engine.num_pages)), {}
+    pool = torch.zeros_like(engine.page_table)  # [R, S]：token 表
+    reqs = [Req(torch.tensor(p, dtype=torch.int32), i, 0, sp.max_tokens, i, sp) for i, (p, sp) in
+            enumerate(zip(prompts, params))]
+    for r in reqs:
+        pool[r.table_idx, :len(r.input_ids)] = r.input_ids
+    out: List[List[int]] = [[] for _ in reqs]
+    batch, last = Batch(reqs, "prefill"), None
+    with torch.inference_mode():
+        while batch is not None or last is not None:
+            launched = None
+            if batch is not None:
+                for r in batch.reqs:
+                    ensure_pages(engine, r, owned, free)
+                engine.prepare_batch(batch, pool)
+                result = engine.forward_batch(batch, engine.sampler.prepare(batch.reqs, token_pool=pool))
+                rows = torch.tensor([r.table_idx for r in batch.reqs])
+                pool[rows, torch.tensor([r.cached_len for r in batch.reqs])] = result.next_tokens_gpu
+                launched = (batch, result)
+            if last is not None:  # 上一步的 token 现在才回到 CPU
+                if last[1].copy_done_event is not None:
+                    last[1].copy_done_event.synchronize()
+                for r, t in zip(last[0].reqs, last[1].next_tokens_cpu.tolist()):
+                    out[r.uid].append(t)
+                    r.append_host(t)
+            last = launched
+            live = [r for r in batch.reqs if r.remain_len > 0] if batch is not None else []
+            batch = Batch(live, "decode") if live else None
+    return out
+
+
+@pytest.mark.parametrize("pen", PENALTIES, ids=lambda p: ",".join(p))
+def test_penalties_match_transformers(tiny_qwen3, pen: Dict[str, float]) -> None:
+    engine = Engine(EngineConfig(tiny_qwen3, device="cpu", page_size=1, num_pages=512, max_running_req=8,
+                                 max_seq_len_override=128))
+    n = 24  # 这个随机模型 24 步之内才会重复一个词：惩罚要有东西可罚
+    try:
+        params = [SamplingParams(max_tokens=n, **pen), SamplingParams(max_tokens=n),  # 不惩罚的请求混在同一批里
+                  SamplingParams(max_tokens=n, **pen), SamplingParams(temperature=0.8, max_tokens=n, **pen)]
+        got = generate(engine, PROMPTS, params, [0, 1, 2, 3])
+        overlapped = run_overlapped(engine, PROMPTS, params)
+    finally:
+        engine.shutdown()
+    for i in (0, 2):
+        assert got[i] == hf_penalized(tiny_qwen3, PROMPTS[i], n, pen), f"prompt {i}"
+    assert got[1] == hf_greedy(tiny_qwen3, PROMPTS[1], n)
+    assert got[0] != hf_greedy(tiny_qwen3, PROMPTS[0], n), "the penalty should change the greedy output"
+    assert overlapped == got, "reading the context from the token pool (overlap) gives the same tokens"
+
+
+def test_penalties_survive_a_retraction(tiny_qwen3) -> None:
+    """一个请求生成到一半被中断，之后以"提示词 + 已生成"为输入、在另一个请求槽里重新 prefill：结果与一口气生成相同。"""
+    engine = Engine(EngineConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=8,
+                                 max_seq_len_override=128))
+    try:
+        for sp in (SamplingParams(max_tokens=14, presence_penalty=1.2, repetition_penalty=1.2),
+                   SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=14, frequency_penalty=0.8)):
+            whole = generate(engine, [PROMPTS[0]], [sp], [42])[0]
+            first = generate(engine, [PROMPTS[0]], [replace(sp, max_tokens=6)], [42])[0]
+            rest = run(engine, [PROMPTS[0] + first], [replace(sp, max_tokens=8)], [42], prompt_lens=[len(PROMPTS[0])],
+                       slots=[5])[0][0]
+            assert first + rest == whole, sp
+    finally:
+        engine.shutdown()
+
+
+def test_penalties_without_the_token_pool_refuse_a_stale_context() -> None:
+    sampler = Sampler(torch.device("cpu"), vocab_size=100, random_seed=0)
+    req = make_reqs([SamplingParams(presence_penalty=1.0)])[0]
+    req.complete_one()  # 设备上已经多了一个 token，CPU 上的 input_ids 还没有（重叠调度时就是这样）
+    with pytest.raises(RuntimeError, match="token_pool"):
+        sampler.prepare([req])
+
+
+def test_logit_bias_forces_and_forbids_tokens(tiny_qwen3) -> None:
+    engine = Engine(EngineConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=8,
+                                 max_seq_len_override=128))
+    try:
+        plain = generate(engine, [PROMPTS[0]], [SamplingParams(max_tokens=8)], [0])[0]
+        params = [SamplingParams(max_tokens=8, logit_bias={"77": 100}),
+                  SamplingParams(temperature=1.0, max_tokens=8, logit_bias={"77": 100}),
+                  SamplingParams(max_tokens=8, logit_bias={str(t): -100 for t in set(plain)})]
+        forced, forced_sampled, banned = generate(engine, [PROMPTS[0]] * 3, params, [1, 2, 3])
+    finally:
+        engine.shutdown()
+    assert forced == [77] * 8 and forced_sampled == [77] * 8
+    assert not set(banned) & set(plain)
+
+
+def test_logprobs_are_the_models_own_distribution(tiny_qwen3) -> None:
+    engine = Engine(EngineConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=8,
+                                 max_seq_len_override=128))
+    params = [SamplingParams(max_tokens=6, logprobs=True, top_logprobs=5),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=6, logprobs=True, top_logprobs=2,
+                             presence_penalty=1.5),  # temperature 和惩罚都不影响报出的 logprobs
+              SamplingParams(max_tokens=6), SamplingParams(max_tokens=6, logprobs=True)]
+    try:
+        tokens, logprobs = run(engine, PROMPTS, params, [0, 1, 2, 3])
+    finally:
+        engine.shutdown()
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    assert logprobs[2] == []
+    for prompt, toks, lps, sp in zip(PROMPTS, tokens, logprobs, params):
+        if not sp.logprobs:
+            continue
+        with torch.inference_mode():
+            ref = hf(torch.tensor([prompt + toks])).logits[0].log_softmax(-1)  # [L, V]
+        for step, (tok, (lp, ids, vals)) in enumerate(zip(toks, lps)):
+            row = ref[len(prompt) - 1 + step]
+            assert abs(lp - row[tok].item()) < 1e-4
+            want = row.topk(sp.top_logprobs)
+            assert ids == want.indices.tolist()
+            torch.testing.assert_close(torch.tensor(vals), want.values, atol=1e-4, rtol=0)
 
 
 @pytest.mark.gpu
@@ -172,6 +421,81 @@ def test_gpu_graph_replay_equals_eager(fixture: str, split_kv: bool, request, mo
             assert torch.equal(replayed, eager), f"bs={bs}: max diff {(replayed - eager).abs().max()}"
     finally:
         engine.shutdown()
+
+
+def reference_probs(row: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """一行 logits 在 sp 下的采样分布（CPU、float32，用本章的函数；它们已经和逐行的参照比过）。"""
+    V = row.shape[0]
+    x, t = row[None].float().cpu(), torch.tensor([sp.temperature])
+    if 0 < sp.top_k < V or sp.top_p < 1:
+        k = sp.top_k if 0 < sp.top_k < V else V
+        w, ids = top_k_top_p_candidates(x, t, torch.tensor([k]), torch.tensor([sp.top_p]), k_max=k if k < V else 0,
+                                        p_only=k == V)
+        w = torch.zeros(1, V).scatter_add_(1, ids, w)
+    else:
+        w = relative_probs(x, t)
+    w = w.masked_fill(w < sp.min_p, 0.0)[0]
+    return w / w.sum()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_k=20),
+                                dict(temperature=0.7, top_k=20, top_p=0.8), dict(temperature=1.0, min_p=0.1),
+                                dict(temperature=1.0, top_p=0.9, min_p=0.05)], ids=str)
+@pytest.mark.parametrize("seeded", [False, True])
+def test_gpu_sampling_keeps_the_filters_and_the_distribution(kw: Dict[str, float], seeded: bool) -> None:
+    """没带 seed 的行走 FlashInfer，带 seed 的行走逆 CDF：采到的词都在截断留下的集合里，频率与分布相符。"""
+    dev, V, n = torch.device("cuda"), 1000, 8192
+    row = torch.randn(V, generator=torch.Generator().manual_seed(0)) * 3
+    sampler = Sampler(dev, V, random_seed=0)
+    params = [SamplingParams(**kw, seed=i if seeded else None) for i in range(n)]
+    args = sampler.prepare(make_reqs(params))
+    filtered = "top_p" in kw or "top_k" in kw
+    expect = "flashinfer" if not seeded and sampler._fi is not None else "candidates" if filtered else "full"
+    assert [g.kind for g in args.groups] == [expect]
+    tokens = sampler.sample(row.to(dev).expand(n, V).contiguous(), args).cpu()
+    want = reference_probs(row, params[0])
+    freq = torch.bincount(tokens.long(), minlength=V) / n
+    assert bool((want[freq > 0] > 0).all()), "a token outside the kept set was sampled"
+    assert (freq - want).abs().max() < 0.03
+
+
+@pytest.mark.gpu
+def test_gpu_seeded_rows_do_not_depend_on_the_batch() -> None:
+    """同样的 logits 行、同样的 (seed, 位置)：单独采和混在一批里采，GPU 上也是同一个词（logits 本身随批变是另一回事）。"""
+    dev, V = torch.device("cuda"), 151936
+    logits = (torch.randn(6, V, generator=torch.Generator().manual_seed(2)) * 2).to(dev, torch.bfloat16)
+    sampler = Sampler(dev, V, random_seed=0)
+    for sp in (SamplingParams(temperature=0.8, top_p=0.9, seed=11), SamplingParams(temperature=1.0, seed=12),
+               SamplingParams(temperature=0.6, top_k=40, min_p=0.05, seed=13)):
+        others = [SamplingParams(temperature=1.0), SamplingParams(), SamplingParams(temperature=0.5, top_k=5, seed=1),
+                  SamplingParams(temperature=0.9, top_p=0.5), SamplingParams(temperature=0.7, seed=2)]
+        alone = sampler.sample(logits[2:3], sampler.prepare(make_reqs([sp])))
+        mixed = sampler.sample(logits, sampler.prepare(make_reqs(others[:2] + [sp] + others[2:])))
+        assert alone.item() == mixed[2].item()
+
+
+@pytest.mark.gpu
+def test_gpu_penalties_and_logprobs_match_transformers(tiny_qwen3_hd128) -> None:
+    path = tiny_qwen3_hd128
+    engine = Engine(EngineConfig(path, device="cuda", dtype="float32", attention_backend="torch", page_size=1,
+                                 num_pages=1024, max_running_req=8, max_seq_len_override=256, cuda_graph_max_bs=0))
+    pen = dict(repetition_penalty=1.3, presence_penalty=1.0, frequency_penalty=1.0)
+    params = [SamplingParams(max_tokens=24, logprobs=True, top_logprobs=3, **pen), SamplingParams(max_tokens=24)]
+    try:
+        (got, plain), (lps, _) = run(engine, PROMPTS[:2], params, [0, 1])
+        overlapped = run_overlapped(engine, PROMPTS[:2], params)
+    finally:
+        engine.shutdown()
+    assert got == hf_penalized(path, PROMPTS[0], 24, pen, device="cuda")
+    assert plain == hf_greedy(path, PROMPTS[1], 24, "cuda")
+    assert overlapped == [got, plain]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to("cuda").eval()
+    with torch.inference_mode():
+        ref = hf(torch.tensor([PROMPTS[0] + got], device="cuda")).logits[0].log_softmax(-1).cpu()
+    for step, (tok, (lp, ids, _)) in enumerate(zip(got, lps)):
+        row = ref[len(PROMPTS[0]) - 1 + step]
+        assert abs(lp - row[tok].item()) < 1e-4 and ids == row.topk(3).indices.tolist()
 
 
 def _close_bf16(got: torch.Tensor, ref: torch.Tensor) -> None:

@@ -2,7 +2,7 @@
 from .config import EngineConfig
 from .engine import Engine, ForwardOutput
 from .graph import GraphRunner, graph_batch_sizes
-from .sample import BatchSamplingArgs, Sampler
+from .sample import BatchSamplingArgs, LogprobsOutput, Sampler
 
-__all__ = ["BatchSamplingArgs", "Engine", "EngineConfig", "ForwardOutput", "GraphRunner", "Sampler",
-           "graph_batch_sizes"]
+__all__ = ["BatchSamplingArgs", "Engine", "EngineConfig", "ForwardOutput", "GraphRunner", "LogprobsOutput",
+           "Sampler", "graph_batch_sizes"]

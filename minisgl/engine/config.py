@@ -28,6 +28,8 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256  # 0：不录 CUDA Graph
     dist_init_addr: str | None = None  # TP > 1 时各 rank 会合的地址，如 tcp://127.0.0.1:29500
     random_seed: int | None = None  # 没给 seed 的请求用它派生的随机数；None：启动时随机选一个
+    num_threads: int | None = None  # CPU 上 torch 用几个线程；None：这个进程能用的核数
+    use_dummy_weight: bool = False  # 不读权重文件，按配置随机初始化（压测用）
 
     def __post_init__(self) -> None:
         checks = [("--dtype", self.dtype, self.dtype in _DTYPES, f"one of {_DTYPES}"),
@@ -38,7 +40,8 @@ class EngineConfig:
                   ("--max-running-requests", self.max_running_req, self.max_running_req >= 1, ">= 1"),
                   ("--max-seq-len-override", self.max_seq_len_override,
                    self.max_seq_len_override is None or self.max_seq_len_override >= 2, ">= 2"),
-                  ("--cuda-graph-max-bs", self.cuda_graph_max_bs, self.cuda_graph_max_bs >= 0, ">= 0")]
+                  ("--cuda-graph-max-bs", self.cuda_graph_max_bs, self.cuda_graph_max_bs >= 0, ">= 0"),
+                  ("--num-threads", self.num_threads, self.num_threads is None or self.num_threads >= 1, ">= 1")]
         for flag, value, ok, rule in checks:
             if not ok:
                 raise ValueError(f"{flag} {value!r} is invalid: it must be {rule}")

@@ -17,7 +17,7 @@ from minisgl.utils.hf import load_hf_config
 
 from .config import EngineConfig
 from .graph import GraphRunner
-from .sample import BatchSamplingArgs, Sampler
+from .sample import BatchSamplingArgs, LogprobsOutput, Sampler
 
 logger = init_logger(__name__)
 
@@ -26,6 +26,7 @@ class ForwardOutput(NamedTuple):
     next_tokens_gpu: torch.Tensor  # [B] int32，在设备上（第 11 章的重叠调度直接用它）
     next_tokens_cpu: torch.Tensor  # [B] int32，CPU；GPU 上要等 copy_done_event 之后才能读
     copy_done_event: torch.cuda.Event | None  # CPU 上是 None：拷贝是同步的
+    logprobs: LogprobsOutput | None = None  # 在 CPU 上，和 next_tokens_cpu 同一个 event；没有请求要时是 None
 
 
 class Engine:
@@ -45,7 +46,12 @@ class Engine:
         self.model_config = ModelConfig.from_hf(load_hf_config(config.model_path))
         with torch.device(self.device), torch_dtype(self.dtype):
             self.model = create_model(self.model_config)
-        load_weight(self.model, config.model_path)
+        if config.use_dummy_weight:
+            from minisgl.models import init_dummy_weight  # 第 3 章；用到时才导入
+
+            init_dummy_weight(self.model)
+        else:
+            load_weight(self.model, config.model_path)
 
         mc = self.model_config
         limit = mc.max_position_embeddings
@@ -89,16 +95,19 @@ class Engine:
                 logits = self.graph_runner.replay(batch)  # [padded B, V]
             else:
                 logits = self.model.forward(batch.input_ids, batch.positions)  # [B, V]
-        next_tokens = self.sampler.sample(logits[:batch.size], args)  # [B] int32
+        logits = logits[:batch.size]  # [B, V]
+        next_tokens = self.sampler.sample(logits, args)  # [B] int32
+        logprobs = self.sampler.logprobs(logits, next_tokens, args)  # 没有请求要时是 None
         for req in batch.reqs:
             req.complete_one()
         if self.device.type != "cuda":
-            return ForwardOutput(next_tokens, next_tokens, None)
-        host = torch.empty(batch.size, dtype=torch.int32, pin_memory=True)
-        host.copy_(next_tokens, non_blocking=True)
+            return ForwardOutput(next_tokens, next_tokens, None, logprobs)
+        host = _to_host(next_tokens)
+        if logprobs is not None:
+            logprobs = LogprobsOutput(*(_to_host(t) for t in logprobs))
         event = torch.cuda.Event()
-        event.record()
-        return ForwardOutput(next_tokens, host, event)
+        event.record()  # 排在所有拷贝之后：它完成时，token 和 logprobs 都在 CPU 上了
+        return ForwardOutput(next_tokens, host, event, logprobs)
 
     def shutdown(self) -> None:
         set_global_ctx(None)
@@ -138,6 +147,13 @@ class Engine:
             torch.distributed.broadcast(t, src=0)
             seed = int(t)
         return seed
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """设备上的张量异步拷进一块 pinned 内存；要等之后记录的 event 完成才能读。"""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def _pick_device(name: str, rank: int) -> torch.device:

@@ -1,4 +1,4 @@
-"""第 8 章练习：采样参数和 CUDA Graph 档位（参考答案）。"""
+"""第 8 章练习：采样参数、重复惩罚和 CUDA Graph 档位（参考答案）。"""
 from __future__ import annotations
 
 import bisect
@@ -44,6 +44,22 @@ def sampling_probs(logits: List[float], temperature: float = 1.0, top_k: int = -
             mass += probs[i]
         probs = _normalize([p if i in keep else 0.0 for i, p in enumerate(probs)])
     return probs
+
+
+def penalize(logits: List[float], prompt_ids: List[int], output_ids: List[int], presence: float = 0.0,
+             frequency: float = 0.0, repetition: float = 1.0) -> List[float]:
+    """先 repetition（提示词 + 已生成里出现过的词：正的除、负的乘），再 presence/frequency（只数已生成的）。"""
+    if repetition <= 0:
+        raise ValueError(f"repetition must be > 0, got {repetition}")
+    bad = [t for t in prompt_ids + output_ids if not 0 <= t < len(logits)]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary of {len(logits)}")
+    out = list(logits)
+    for t in set(prompt_ids) | set(output_ids):
+        out[t] = out[t] / repetition if out[t] > 0 else out[t] * repetition
+    for t in set(output_ids):
+        out[t] -= presence + frequency * output_ids.count(t)
+    return out
 
 
 def capture_sizes(max_bs: int) -> List[int]:

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from solution import capture_sizes, pick_bucket, sampling_probs
+from solution import capture_sizes, penalize, pick_bucket, sampling_probs
 
 LOG = [math.log(p) for p in (0.5, 0.3, 0.2)]
 
@@ -69,6 +69,14 @@ def test_top_p_applies_to_what_top_k_left():
     assert close(sampling_probs(logits, top_p=0.55), [0.0, 4 / 7, 0.0, 3 / 7])
 
 
+def test_top_p_one_keeps_every_token():
+    # 2000 个词：概率按顺序累加起来，浮点的和可能略超过 1——top_p=1.0 也一个都不能截
+    logits = [math.sin(i) * 5 for i in range(2000)]
+    probs = sampling_probs(logits, temperature=0.7, top_p=1.0)
+    assert all(p > 0 for p in probs)
+    assert close(probs, sampling_probs(logits, temperature=0.7))
+
+
 def test_temperature_before_filters():
     # temperature=0.5 把 [0.5, 0.3, 0.2] 变成正比于 [0.25, 0.09, 0.04]；top_p=0.6 时 0.25/0.38 ≈ 0.658 已经够了
     assert close(sampling_probs(LOG, temperature=0.5, top_p=0.6), [1.0, 0.0, 0.0])
@@ -90,6 +98,32 @@ def test_bad_parameters(kwargs, bad):
 def test_empty_logits():
     with pytest.raises(ValueError):
         sampling_probs([])
+
+
+def test_repetition_divides_positive_and_multiplies_negative():
+    got = penalize([2.0, -1.0, 0.5, 3.0], prompt_ids=[0, 1], output_ids=[1, 1], repetition=2.0)
+    assert close(got, [1.0, -2.0, 0.5, 3.0])  # 词 1 出现了三次，也只罚一次
+
+
+def test_presence_and_frequency_count_only_generated_tokens():
+    got = penalize([1.0, 1.0, 1.0, 1.0], prompt_ids=[0, 0, 3], output_ids=[2, 2, 2, 3], presence=0.5, frequency=0.25)
+    assert close(got, [1.0, 1.0, 1.0 - 0.5 - 0.75, 1.0 - 0.5 - 0.25])
+
+
+def test_repetition_before_presence():
+    got = penalize([4.0, -4.0], prompt_ids=[], output_ids=[0, 1], presence=1.0, repetition=2.0)
+    assert close(got, [4.0 / 2 - 1.0, -4.0 * 2 - 1.0])
+
+
+def test_penalize_leaves_the_input_alone_and_checks_arguments():
+    logits = [1.0, 2.0]
+    assert penalize(logits, [], []) == [1.0, 2.0] and logits == [1.0, 2.0]
+    penalize(logits, [0], [1], presence=1.0, repetition=1.5)
+    assert logits == [1.0, 2.0]
+    with pytest.raises(ValueError):
+        penalize(logits, [], [], repetition=0.0)
+    with pytest.raises(ValueError):
+        penalize(logits, [5], [])
 
 
 @pytest.mark.parametrize("max_bs, want", [
