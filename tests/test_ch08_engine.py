@@ -390,7 +390,7 @@ def test_gpu_engine_fp32_matches_transformers(fixture: str, request) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fixture", ["tiny_qwen3_hd128", "tiny_llama_hd64"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_hd128", "tiny_llama_hd64", "tiny_qwen3_moe_hd128"])
 @pytest.mark.parametrize("split_kv", [True, False])
 def test_gpu_graph_replay_equals_eager(fixture: str, split_kv: bool, request, monkeypatch) -> None:
     """同一个批、同一份注意力元数据：回放录好的图与逐个发射同样的 kernel，logits 逐位相同（含补齐的批）。

@@ -24,7 +24,7 @@ class EngineConfig:
     max_running_req: int = 256
     max_seq_len_override: int | None = None
     attention_backend: str = "auto"  # auto：GPU 上 fi（装了 flashinfer 时），否则 torch
-    moe_backend: str = "auto"
+    moe_backend: str = "auto"  # auto：GPU 上装了 Triton 时 triton（能录进 CUDA Graph），否则 torch
     cuda_graph_max_bs: int = 256  # 0：不录 CUDA Graph
     dist_init_addr: str | None = None  # TP > 1 时各 rank 会合的地址，如 tcp://127.0.0.1:29500
     random_seed: int | None = None  # 没给 seed 的请求用它派生的随机数；None：启动时随机选一个

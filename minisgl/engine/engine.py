@@ -10,9 +10,9 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.distributed import get_tp_info, init_distributed, kv_head_range, set_tp_info
 from minisgl.kvcache import MHAKVCache
-from minisgl.models import ModelConfig, create_model, load_weight
-from minisgl.moe import create_moe_backend
-from minisgl.utils import align_ceil, div_ceil, init_logger, parse_dtype, pick_device, torch_dtype
+from minisgl.models import ModelConfig, create_model, init_dummy_weight, load_weight
+from minisgl.moe import create_moe_backend, resolve_moe_backend
+from minisgl.utils import align_ceil, div_ceil, init_logger, parse_dtype, pick_device, set_num_threads, torch_dtype
 from minisgl.utils.hf import load_hf_config
 
 from .config import EngineConfig
@@ -37,6 +37,9 @@ class Engine:
         tp = config.tp_info
         set_tp_info(tp.rank, tp.size)
         self.device = _pick_device(config.device, tp.rank)
+        # CPU：这个 rank 分到的核（第 1 章）；GPU：CPU 只拼小张量，一个线程（OMP_NUM_THREADS 或 num_threads 仍可覆盖）
+        gpu_default = 1 if self.device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ else None
+        self.num_threads = set_num_threads(config.num_threads or gpu_default, share=tp.size)
         self.dtype = (torch.bfloat16 if self.device.type == "cuda" else torch.float32) if config.dtype == "auto" \
             else parse_dtype(config.dtype)
         if tp.size > 1:
@@ -47,8 +50,6 @@ class Engine:
         with torch.device(self.device), torch_dtype(self.dtype):
             self.model = create_model(self.model_config)
         if config.use_dummy_weight:
-            from minisgl.models import init_dummy_weight  # 第 3 章；用到时才导入
-
             init_dummy_weight(self.model)
         else:
             load_weight(self.model, config.model_path)
@@ -68,14 +69,14 @@ class Engine:
         attn = _resolve_attention(config.attention_backend, self.device)
         attn_backend = create_attention_backend(attn, self.kv_cache, self.page_table,
                                                 mc.num_qo_heads // tp.size)
-        moe_backend = create_moe_backend("torch" if config.moe_backend == "auto" else config.moe_backend) \
-            if mc.is_moe else None
+        moe = resolve_moe_backend(config.moe_backend, self.device) if mc.is_moe else None  # auto：GPU 上 triton
+        moe_backend = create_moe_backend(moe) if moe else None
         self.ctx = Context(config.page_size, self.page_table, self.kv_cache, attn_backend, moe_backend)
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.device, mc.vocab_size, self._random_seed())
         self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
-        logger.info_rank0(f"engine: {mc.architecture} {self.dtype} on {self.device}, attention {attn}, "
-                          f"KV pool {self.num_pages} pages x {config.page_size} tokens "
+        logger.info_rank0(f"engine: {mc.architecture} {self.dtype} on {self.device}, attention {attn}"
+                          f"{f', moe {moe}' if moe else ''}, {self.num_threads} CPU thread(s), KV pool {self.num_pages} pages x {config.page_size} tokens "
                           f"({self.kv_cache.nbytes / 2**20:.0f} MiB), max_seq_len {self.max_seq_len}")
 
     def prepare_batch(self, batch: Batch, token_pool: torch.Tensor | None = None) -> None:

@@ -46,8 +46,9 @@ class GraphRunner:
             return "--cuda-graph-max-bs 0"
         if not engine.ctx.attn_backend.supports_cuda_graph:
             return f"the attention backend {type(engine.ctx.attn_backend).__name__} cannot be captured"
-        if engine.model_config.is_moe:
-            return "GroupedMoe syncs with the host (bincount().tolist()); MoE decode runs eagerly"
+        moe = engine.ctx.moe_backend
+        if moe is not None and not moe.supports_cuda_graph:
+            return f"the MoE backend {type(moe).__name__} cannot be captured"
         return ""
 
     def can_use(self, batch: Batch) -> bool:
