@@ -143,7 +143,9 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(p) for p in prompts))
-    return list(results), time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    await client.close()  # before asyncio.run closes the loop: otherwise its connections are closed on a dead loop
+    return list(results), wall
 
 
 def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str, workload: str,
