@@ -427,6 +427,36 @@ def test_nothing_is_silently_dropped(server) -> None:
           "max_tokens": 2, "messages": chat + [{"role": "assistant", "content": "x", "tool_calls": None}, chat[0]]}
     assert httpx.post(f"{url}/chat/completions", json=ok, timeout=30).status_code == 200
 
+def test_responses_api(server) -> None:
+    """/v1/responses：和同样消息的对话接口给出同样的文字和 token 数；流式事件的顺序和 sequence_number，delta 接起来
+    就是文字；到了 max_output_tokens 是 incomplete；工具、previous_response_id、非文字的输出格式回 400。"""
+    port, _ = server
+    c = client(port)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
+    ref = c.chat.completions.create(model="m", messages=chat, max_tokens=6, temperature=0)
+    r = c.responses.create(model="m", instructions="Be brief.", input="Tell me a story.", max_output_tokens=6,
+                           temperature=0)
+    assert r.output_text == ref.choices[0].message.content and r.model == ref.model
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (ref.usage.prompt_tokens, ref.usage.completion_tokens)
+    assert r.status == ("incomplete" if ref.choices[0].finish_reason == "length" else "completed")
+    parts = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]}]
+    events = list(c.responses.create(model="m", input=parts, max_output_tokens=6, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{r.status}"] and set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text == \
+        events[-1].response.output_text
+    url = f"http://127.0.0.1:{port}/v1/responses"
+    for extra, param in [({"tools": []}, "tools"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
+                         ({"text": {"format": {"type": "json_object"}}}, "text"), ({"truncation": "auto"}, "truncation"),
+                         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input")]:
+        resp = httpx.post(url, json={"input": "hi", **extra}, timeout=30)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, (extra, resp.text)
+
 
 def test_api_key_stop_and_seed(smol_server) -> None:
     """SmolLM2 + 单独的 tokenizer 进程：没有 key 回 401；stop 字符串截断输出；同一个 seed 的采样结果相同。"""

@@ -240,10 +240,21 @@ class ChatMessage(_Strict):
 class StreamOptions(_Strict):
     include_usage: bool = False
 
-class _SamplingRequest(_Strict):
-    """两个接口共有的字段。采样参数不给（或给 null）就是 SamplingParams 的默认值，只有 temperature 用 OpenAI 的 1。"""
+class _OpenAIRequest(_Strict):
+    """OpenAI 的每个接口都有的字段：模型名，和 OpenAI 说忽略也不改变输出的几个。"""
 
     model: str = "default"  # 照收不误：一个服务只有一个模型，响应里写的是它的名字
+    # OpenAI 定义了、而按它自己的说明忽略也不改变输出的字段：收下，不用
+    user: str | None = None  # 终端用户的标识（OpenAI 用来监控滥用）
+    safety_identifier: str | None = None  # user 的新名字
+    metadata: Dict[str, str] | None = None  # 给 OpenAI 存下来的对话贴的标签
+    store: bool | None = None  # 要不要让 OpenAI 存下这次对话：我们从不存
+    service_tier: str | None = None  # OpenAI 的计费、排队档次
+    prompt_cache_key: str | None = None  # OpenAI 前缀缓存的路由提示：我们的前缀缓存按内容匹配，用不着
+
+class _SamplingRequest(_OpenAIRequest):
+    """两个接口共有的字段。采样参数不给（或给 null）就是 SamplingParams 的默认值，只有 temperature 用 OpenAI 的 1。"""
+
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -261,13 +272,6 @@ class _SamplingRequest(_Strict):
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None  # 压测时常用
     stop_token_ids: List[int] | None = None
-    # OpenAI 定义了、而按它自己的说明忽略也不改变输出的字段：收下，不用
-    user: str | None = None  # 终端用户的标识（OpenAI 用来监控滥用）
-    safety_identifier: str | None = None  # user 的新名字
-    metadata: Dict[str, str] | None = None  # 给 OpenAI 存下来的对话贴的标签
-    store: bool | None = None  # 要不要让 OpenAI 存下这次对话：我们从不存
-    service_tier: str | None = None  # OpenAI 的计费、排队档次
-    prompt_cache_key: str | None = None  # OpenAI 前缀缓存的路由提示：我们的前缀缓存按内容匹配，用不着
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: List[ChatMessage] | None = None
@@ -300,16 +304,16 @@ class CompletionRequest(_SamplingRequest):
 _SAMPLING_FIELDS = ("top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p",
                     "repetition_penalty", "ignore_eos", "stop_token_ids")
 
-def _sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesRequest, max_tokens: int | None,
                      top_logprobs: int | None, vocab_size: int) -> SamplingParams:
     """请求 → SamplingParams（检查由它做）。top_logprobs=None：不要 logprobs。"""
-    if not 1 <= req.n <= 128:
-        raise APIError(400, f"n={req.n} is invalid: it must be in 1..128", param="n")
-    for key in req.logit_bias or {}:
+    if not 1 <= getattr(req, "n", 1) <= 128:
+        raise APIError(400, f"n={getattr(req, 'n')} is invalid: it must be in 1..128", param="n")
+    for key in getattr(req, "logit_bias", None) or {}:
         if not (key.isdigit() and int(key) < vocab_size):
             raise APIError(400, f"logit_bias has the key {key!r}: keys are token ids in 0..{vocab_size - 1}",
                            param="logit_bias")
-    kwargs = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None}
+    kwargs = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name, None) is not None}
     kwargs.update(temperature=req.temperature, max_tokens=max_tokens)
     if top_logprobs is not None:
         kwargs.update(logprobs=True, top_logprobs=top_logprobs)
@@ -620,6 +624,111 @@ async def metrics():
     state = get_state()
     state.start()  # 还没有请求时也要开始收调度器的统计
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+class ResponsesRequest(_OpenAIRequest):
+    """/v1/responses 的请求：文字进、文字出。没有工具、没有推理、不存响应（所以也没有 previous_response_id）。"""
+
+    input: str | List[Dict[str, Any]]  # 一句话，或者 [{"role": ..., "content": 文字或 input_text 片段}, ...]
+    instructions: str | None = None  # 放在最前面的 system 消息
+    max_output_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float | None = None
+    stream: bool = False
+    text: Dict[str, Any] | None = None  # 只认 {"format": {"type": "text"}}（默认）
+    truncation: Literal["disabled"] | None = None  # "auto" 会悄悄丢掉对话的开头：不支持
+
+    def messages(self) -> List[Dict[str, str]]:
+        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        out = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        for item in items:
+            content, role = item.get("content"), item.get("role")
+            if item.get("type", "message") != "message" or role not in ("system", "developer", "user", "assistant"):
+                raise APIError(400, f"input items must be text messages, got {json.dumps(item)[:80]}", param="input")
+            if isinstance(content, list):
+                if not all(p.get("type") in ("input_text", "output_text") and isinstance(p.get("text"), str)
+                           for p in content):
+                    raise APIError(400, "only input_text content parts are supported", param="input")
+                content = "".join(p["text"] for p in content)
+            if not isinstance(content, str):
+                raise APIError(400, "a message's content must be text", param="input")
+            out.append({"role": "system" if role == "developer" else role, "content": content})
+        return out
+
+def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, text: str | None,
+                     last: UserReply | None) -> Dict[str, Any]:
+    """Responses API 的响应对象。last 是最后一条回复：None 时是刚开始（还没有输出）。"""
+    status = "in_progress" if last is None else "incomplete" if last.finish_reason == "length" else "completed"
+    obj: Dict[str, Any] = {
+        "id": f"resp_{rid}", "object": "response", "created_at": created, "status": status, "model": model,
+        "output": [] if last is None else [_message_item(rid, text or "", "completed")],
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "temperature": req.temperature, "top_p": 1.0 if req.top_p is None else req.top_p,
+        "parallel_tool_calls": False, "tool_choice": "none", "tools": [], "store": False, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None, "usage": None}
+    if last is not None:
+        obj["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.completion_tokens,
+                        "total_tokens": last.prompt_tokens + last.completion_tokens,
+                        "input_tokens_details": {"cached_tokens": last.cached_tokens},
+                        "output_tokens_details": {"reasoning_tokens": 0}}
+    return obj
+
+def _message_item(rid: str, text: str | None, status: str) -> Dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": content}
+
+@app.post("/v1/responses")
+async def v1_responses(req: ResponsesRequest, request: Request):
+    """OpenAI 的 Responses API，文字部分：非流式一个 response 对象；流式是一串带名字的事件（event: 类型）。"""
+    if req.text not in (None, {"format": {"type": "text"}}):
+        raise APIError(400, f"text={json.dumps(req.text)[:80]} is not supported: only plain text output", param="text")
+    state = get_state()
+    sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
+    uids = state.new_users()
+    await state.send_one(TokenizeMsg(uid=uids[0], text=req.messages(), sampling_params=sp))
+    await state.first_replies(uids, param="input")
+    rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
+    if not req.stream:
+        replies = (await state.collect_with_cancellation(uids, request))[0]
+        if replies[-1].finish_reason == "error":
+            raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
+        return _response_object(req, rid, created, model, "".join(r.incremental_output for r in replies), replies[-1])
+
+    async def events() -> AsyncIterator[bytes]:
+        seq = 0
+
+        def event(kind: str, **body: Any) -> bytes:
+            nonlocal seq
+            seq += 1
+            return f"event: {kind}\n".encode() + _sse({"type": kind, "sequence_number": seq - 1, **body})
+
+        where = dict(item_id=f"msg_{rid}", output_index=0, content_index=0)
+        start = _response_object(req, rid, created, model, None, None)
+        yield (event("response.created", response=start) + event("response.in_progress", response=start)
+               + event("response.output_item.added", output_index=0, item=_message_item(rid, None, "in_progress"))
+               + event("response.content_part.added", **where,
+                       part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+        text = ""
+        async for replies in state.wait_for_replies(uids):
+            frames = []
+            for _, ack in replies:
+                if ack.finish_reason == "error":
+                    yield event("error", code="server_error", message=f"the server is shutting down: {state.dead}",
+                                param=None)
+                    return
+                if ack.incremental_output:
+                    text += ack.incremental_output
+                    frames.append(event("response.output_text.delta", **where, delta=ack.incremental_output,
+                                        logprobs=[]))
+                if ack.finished:
+                    done = _response_object(req, rid, created, model, text, ack)
+                    frames += [event("response.output_text.done", **where, text=text, logprobs=[]),
+                               event("response.content_part.done", **where, part=done["output"][0]["content"][0]),
+                               event("response.output_item.done", output_index=0, item=done["output"][0]),
+                               event(f"response.{done['status']}", response=done)]
+            yield b"".join(frames)
+
+    return StreamingResponse(state.stream_with_cancellation(events(), request, uids), media_type="text/event-stream")
 
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # 秒
