@@ -357,10 +357,12 @@ def test_sampling_controls_through_http(server, tiny_qwen3: Path) -> None:
                                  extra_body={"ignore_eos": True, **kw.pop("extra_body", {})}, **kw)
         assert r.choices[0].text == tok.decode(want, skip_special_tokens=True), (kw, ref)
         assert want != plain  # 参照实现里它确实改变了结果：测试不是白测
+    k = next(i for i in range(2, 10) if plain[i] not in plain[:i])  # 第一次出现在第 k 步的 token
     stop = c.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0,
-                                extra_body={"ignore_eos": True, "stop_token_ids": [plain[4]]})
-    assert stop.choices[0].finish_reason == "stop" and stop.choices[0].text == tok.decode(plain[:4], skip_special_tokens=True)
-    assert stop.usage.completion_tokens == 5  # stop token 算在生成里，但不显示
+                                extra_body={"ignore_eos": True, "stop_token_ids": [plain[k]]})
+    assert stop.choices[0].finish_reason == "stop"
+    assert stop.choices[0].text == tok.decode(plain[:k], skip_special_tokens=True)
+    assert stop.usage.completion_tokens == k + 1  # stop token 算在生成里，但不显示
 
 def test_prompts_as_lists_and_token_ids(server, tiny_qwen3: Path) -> None:
     """/v1/completions 的 prompt：几个字符串 × n（index = 提示词序号 × n + j）、一串 token id、几串 token id；
