@@ -102,7 +102,6 @@ def test_chat_templates(tokenizers: Dict[str, Any]) -> None:
 
 def test_requests_that_do_not_fit_are_refused_with_the_numbers(tokenizers: Dict[str, Any]) -> None:
     m = TokenizeManager(tokenizers["qwen3"], max_seq_len=10)
-    assert len(m.tokenize(TokenizeMsg(0, [1] * 9, SamplingParams())).input_ids) == 9  # 不给 max_tokens：生成到上下文满
     assert len(m.tokenize(TokenizeMsg(0, [1] * 6, SamplingParams(max_tokens=4))).input_ids) == 6  # 正好放满
     with pytest.raises(ValueError, match=r"^max_tokens=5 is too large: the prompt has 6 tokens and the context is 10, "
                                          r"so at most 4 tokens can be generated$"):
