@@ -272,6 +272,10 @@ class _SamplingRequest(_OpenAIRequest):
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None  # 压测时常用
     stop_token_ids: List[int] | None = None
+    # SGLang 的扩展字段：sglang-router 转发时总是带上它们的默认值（附录），而那个值说的正是我们的做法；别的值不支持
+    no_stop_trim: Literal[False] = False  # 输出里留着 stop 字符串
+    skip_special_tokens: Literal[True] = True  # 输出里去掉特殊 token
+    return_hidden_states: Literal[False] = False
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: List[ChatMessage] | None = None
@@ -282,6 +286,9 @@ class ChatCompletionRequest(_SamplingRequest):
     response_format: Dict[str, Any] | None = None  # 只认 {"type": "text"}（默认）
     modalities: List[str] | None = None  # 只认 ["text"]（默认）
     chat_template_kwargs: Dict[str, Any] | None = None  # 例如 {"enable_thinking": false}
+    continue_final_message: Literal[False] = False  # SGLang：接着最后一条 assistant 消息往下写
+    separate_reasoning: Literal[True] = True  # SGLang：思考内容单独放（要 --reasoning-parser；我们没有，等于不做）
+    stream_reasoning: Literal[True] = True
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | List[str] | List[int] | List[List[int]]  # 一个或几个提示词；文字，或者 token id
