@@ -426,8 +426,11 @@ def test_nothing_is_silently_dropped(server) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
     ok = {"user": "u1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto", "safety_identifier": "s",
           "prompt_cache_key": "k", "tools": None, "functions": None, "response_format": {"type": "text"},
-          "max_tokens": 2, "messages": chat + [{"role": "assistant", "content": "x", "tool_calls": None}, chat[0]]}
+          "max_tokens": 2, "messages": chat + [{"role": "assistant", "content": "x", "tool_calls": None}, chat[0]],
+          "no_stop_trim": False, "skip_special_tokens": True, "separate_reasoning": True}  # sglang-router 带的默认值
     assert httpx.post(f"{url}/chat/completions", json=ok, timeout=30).status_code == 200
+    r = httpx.post(f"{url}/completions", json={"prompt": "hi", "no_stop_trim": True}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "no_stop_trim"
 
 def test_responses_api(server) -> None:
     """/v1/responses：和同样消息的对话接口给出同样的文字和 token 数；流式事件的顺序和 sequence_number，delta 接起来
