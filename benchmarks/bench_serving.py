@@ -3,13 +3,17 @@
 
     python benchmarks/bench_serving.py [--url http://127.0.0.1:1919] [--model PATH] [--concurrency 16]
                                   [--num-requests 32] [--input-len 64] [--output-len 32] [--client-procs N]
+                                  [--sampling greedy|sampled|both] [--max-tokens-unset]
                                   [--hf-baseline | --no-hf-baseline]
 
 Without --url it starts `python -m minisgl --model PATH` on a free port (its own process group) and kills it at
 the end. Every request streams a /v1/completions answer of exactly --output-len tokens (ignore_eos) for a prompt of
 about --input-len tokens (seeded random words), --concurrency of them in flight at a time. Reported: TTFT (time
 to the first streamed chunk), TPOT (time per output token after the first), end-to-end latency (p50/p90/p99), and
-output-token / request throughput. With --client-procs N the measured run is shared by N processes, so that one Python
+output-token / request throughput. --sampling picks the workload: greedy (temperature 0), sampled (temperature 0.7,
+top_p 0.9), or both, one after the other on the same server. --max-tokens-unset sends /v1/chat/completions without
+max_tokens and without ignore_eos instead: every answer runs to its EOS or to the end of the context, as a chat client
+that never sets max_tokens does (the output length then varies per request). With --client-procs N the measured run is shared by N processes, so that one Python
 event loop parsing every stream does not set the pace. On a CPU (or with --hf-baseline) the same prompts are then generated with
 transformers in this process, one request at a time (greedy `generate`, same output length): what serving with
 a plain loop over requests gives. The ratio is minisgl's output throughput over that one.
@@ -43,6 +47,9 @@ from typing import Dict, List, Tuple
 ROOT = Path(__file__).resolve().parent.parent  # minisgl from this tree, here and in the server it starts
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex every jolly "
          "merchant selling fresh bread in the old market near river bank").split()
+
+
+SAMPLING = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7, "top_p": 0.9}}
 
 
 @dataclass
@@ -106,20 +113,24 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600
 
 
 async def run_clients(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
-                      on_done=None) -> Tuple[List[Result], float]:
-    """Stream every prompt, at most `concurrency` in flight; on_done() after each finished request."""
+                      workload: str = "greedy", chat_unset: bool = False, on_done=None) -> Tuple[List[Result], float]:
+    """Stream every prompt, at most `concurrency` in flight; on_done() after each finished request.
+    chat_unset: /v1/chat/completions without max_tokens or ignore_eos (each answer runs to EOS or a full context)."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=3600)
     sem = asyncio.Semaphore(concurrency)
+    kw = dict(model="bench", stream=True, stream_options={"include_usage": True}, **SAMPLING[workload])
 
     async def one(prompt: str) -> Result:
         async with sem:
             t0 = time.perf_counter()
             ttft, tokens = None, 0
-            stream = await client.completions.create(
-                model="bench", prompt=prompt, max_tokens=output_len, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            if chat_unset:
+                stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kw)
+            else:
+                stream = await client.completions.create(prompt=prompt, max_tokens=output_len,
+                                                         extra_body={"ignore_eos": True}, **kw)
             async for chunk in stream:
                 if ttft is None and chunk.choices:
                     ttft = time.perf_counter() - t0
@@ -127,16 +138,18 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
                     tokens = chunk.usage.completion_tokens
             if on_done is not None:
                 on_done()
-            assert ttft is not None and tokens == output_len, (ttft, tokens)
+            assert ttft is not None and tokens > 0 and (chat_unset or tokens == output_len), (ttft, tokens)
             return Result(ttft, time.perf_counter() - t0, tokens)
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(p) for p in prompts))
-    return list(results), time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    await client.close()  # before asyncio.run closes the loop: otherwise its connections are closed on a dead loop
+    return list(results), wall
 
 
-def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
-                 go, done, out) -> None:
+def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str, workload: str,
+                 chat_unset: bool, go, done, out) -> None:
     """One client process (spawned): waits at `go` for the others, runs its share, sends (results, start, end, CPU seconds)."""
     import openai  # noqa: F401  imported before the start line, not inside the measured time
 
@@ -147,7 +160,8 @@ def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int
     go.wait()
     cpu0, t0 = time.process_time(), time.monotonic()
     try:
-        results, _ = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key, bump))
+        results, _ = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key, workload, chat_unset,
+                                             bump))
         rows = [(r.ttft, r.e2e, r.output_tokens) for r in results]  # plain tuples: Result lives in __main__
         out.put((rows, t0, time.monotonic(), time.process_time() - cpu0))
     except BaseException as e:  # the parent must not wait forever for this share
@@ -156,25 +170,25 @@ def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int
 
 
 def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
-                 procs: int) -> Tuple[List[Result], float, List[float]]:
+                 procs: int, workload: str = "greedy", chat_unset: bool = False) -> Tuple[List[Result], float, List[float]]:
     """The measured run over `procs` client processes (request i goes to process i % procs, each with its share
     of the concurrency): (results, wall seconds from the common start to the last answer, CPU seconds per
     client process). One process runs in this one; several are spawned, so that no single Python event loop
     parsing every SSE stream limits what is measured."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(prompts), desc=f"minisgl x{concurrency}")
+    bar = tqdm(total=len(prompts), desc=f"minisgl {workload} x{concurrency}")
     if procs == 1:
         cpu0 = time.process_time()
-        results, wall = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key,
+        results, wall = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key, workload, chat_unset,
                                                 lambda: bar.update(1)))
         bar.close()
         return results, wall, [time.process_time() - cpu0]
     ctx = mp.get_context("spawn")
     go, done, out = ctx.Barrier(procs + 1), ctx.Value("i", 0), ctx.Queue()  # go: all start together
     shares = [(prompts[i::procs], concurrency // procs + (i < concurrency % procs)) for i in range(procs)]
-    workers = [ctx.Process(target=_client_proc, args=(url, ps, output_len, c, api_key, go, done, out), daemon=True)
-               for ps, c in shares]
+    workers = [ctx.Process(target=_client_proc, args=(url, ps, output_len, c, api_key, workload, chat_unset, go, done,
+                                                      out), daemon=True) for ps, c in shares]
     for w in workers:
         w.start()
     try:
@@ -273,6 +287,10 @@ def main() -> None:
     ap.add_argument("--hf-baseline", action=argparse.BooleanOptionalAction, default=None,
                     help="also run transformers one request at a time (default: on a CPU-only machine)")
     ap.add_argument("--server-args", default="", help="extra flags for python -m minisgl, one string")
+    ap.add_argument("--sampling", choices=["greedy", "sampled", "both"], default="greedy",
+                    help="greedy: temperature 0; sampled: temperature 0.7, top_p 0.9; both: one after the other")
+    ap.add_argument("--max-tokens-unset", action="store_true",
+                    help="/v1/chat/completions without max_tokens or ignore_eos: answers run to EOS or a full context")
     ap.add_argument("--client-procs", type=int, default=1,
                     help="client processes sharing the requests and the concurrency (one Python process tops out at "
                          "about 7,000 streamed tokens/s on the H200 machine's CPU)")
@@ -304,19 +322,23 @@ def main() -> None:
             log = Path(tempfile.mkdtemp(prefix="minisgl-bench-serving-")) / "server.log"
             proc, url = start_server(model, args.server_args.split(), log)
             wait_ready(proc, url, log)
-        asyncio.run(run_clients(url, prompts[: args.concurrency], args.output_len, args.concurrency,
-                                args.api_key))  # warm-up
-        before = group_cpu(proc.pid) if proc is not None else {}
-        try:
-            results, wall, client_cpu = run_measured(url, prompts, args.output_len, args.concurrency, args.api_key,
-                                                     args.client_procs)
-        except ClientFailed as e:
-            sys.exit(f"bench_serving: {e}" + (f"; the end of the server's log:\n{log_tail(log, 60)}" if proc else ""))
-        cpu = [(f"client {i}" if len(client_cpu) > 1 else "this client", sec) for i, sec in enumerate(client_cpu)]
-        if proc is not None:
-            after = group_cpu(proc.pid)
-            roles = server_roles(proc.pid, after, args.server_args)
-            cpu += [(roles[pid], sec - before.get(pid, ("", 0.0, 0))[1]) for pid, (_, sec, _) in after.items()]
+        runs = []  # (workload, results, wall, cpu) per workload
+        for workload in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling]):
+            asyncio.run(run_clients(url, prompts[: args.concurrency], args.output_len, args.concurrency,
+                                    args.api_key, workload, args.max_tokens_unset))  # warm-up
+            before = group_cpu(proc.pid) if proc is not None else {}
+            try:
+                results, wall, client_cpu = run_measured(url, prompts, args.output_len, args.concurrency,
+                                                         args.api_key, args.client_procs, workload,
+                                                         args.max_tokens_unset)
+            except ClientFailed as e:
+                sys.exit(f"bench_serving: {e}" + (f"; the end of the server's log:\n{log_tail(log, 60)}" if proc else ""))
+            cpu = [(f"client {i}" if len(client_cpu) > 1 else "this client", sec) for i, sec in enumerate(client_cpu)]
+            if proc is not None:
+                after = group_cpu(proc.pid)
+                roles = server_roles(proc.pid, after, args.server_args)
+                cpu += [(roles[pid], sec - before.get(pid, ("", 0.0, 0))[1]) for pid, (_, sec, _) in after.items()]
+            runs.append((workload, results, wall, cpu))
     finally:
         if proc is not None:
             with contextlib.suppress(ProcessLookupError):  # the server may have died already
@@ -326,28 +348,35 @@ def main() -> None:
             import shutil
             shutil.rmtree(tmp, ignore_errors=True)
 
-    tokens = sum(r.output_tokens for r in results)
-    rows = [("TTFT (s)", [r.ttft for r in results]), ("TPOT (ms)", [r.tpot * 1000 for r in results]),
-            ("E2E (s)", [r.e2e for r in results])]
     name = f"random {args.random_config.stem}" if args.random_config else Path(model).name
-    print(f"\nmodel {name}, {args.num_requests} requests, {args.concurrency} concurrent, "
-          f"~{args.input_len} prompt tokens, {args.output_len} output tokens each, "
-          f"{args.client_procs} client process{'es' if args.client_procs > 1 else ''}")
-    print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for name, xs in rows:
-        print(f"{name:<12}{statistics.mean(xs):>10.3f}{pct(xs, 50):>10.3f}{pct(xs, 90):>10.3f}{pct(xs, 99):>10.3f}")
+    output = "chat, max_tokens unset (to EOS)" if args.max_tokens_unset else f"{args.output_len} output tokens each"
+    for workload, results, wall, cpu in runs:
+        tokens = sum(r.output_tokens for r in results)
+        rows = [("TTFT (s)", [r.ttft for r in results]), ("TPOT (ms)", [r.tpot * 1000 for r in results]),
+                ("E2E (s)", [r.e2e for r in results])]
+        print(f"\nmodel {name}, {workload} ({', '.join(f'{k} {v}' for k, v in SAMPLING[workload].items())}), "
+              f"{args.num_requests} requests, {args.concurrency} concurrent, ~{args.input_len} prompt tokens, {output}, "
+              f"{args.client_procs} client process{'es' if args.client_procs > 1 else ''}")
+        print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+        for row, xs in rows:
+            print(f"{row:<12}{statistics.mean(xs):>10.3f}{pct(xs, 50):>10.3f}{pct(xs, 90):>10.3f}{pct(xs, 99):>10.3f}")
+        ours = tokens / wall
+        print(f"minisgl: {wall:.1f} s, {tokens} output tokens, {ours:.1f} output tok/s, {len(results) / wall:.2f} req/s")
+        print(f"CPU time during the run ({wall:.1f} s wall), as a share of one core:")
+        for role, sec in sorted(cpu, key=lambda x: -x[1]):
+            print(f"  {role:<20}{sec:>8.1f} s {sec / wall:>6.0%}")
+    workload, results, wall, _ = runs[0]
+    tokens = sum(r.output_tokens for r in results)
     ours = tokens / wall
-    print(f"minisgl: {wall:.1f} s, {ours:.1f} output tok/s, {len(results) / wall:.2f} req/s")
-    print(f"CPU time during the run ({wall:.1f} s wall), as a share of one core:")
-    for role, sec in sorted(cpu, key=lambda x: -x[1]):
-        print(f"  {role:<20}{sec:>8.1f} s {sec / wall:>6.0%}")
 
     use_hf = args.hf_baseline
     if use_hf is None:
         import torch
 
         use_hf = not torch.cuda.is_available()
-    if use_hf:
+    if use_hf and (workload != "greedy" or args.max_tokens_unset):
+        print("(no transformers baseline: it runs the greedy /v1/completions workload only)")
+    elif use_hf:
         lat, hf_wall = hf_baseline(model, prompts, args.output_len)
         hf = tokens / hf_wall
         print(f"transformers, one request at a time: {hf_wall:.1f} s, {hf:.1f} output tok/s, "

@@ -64,6 +64,16 @@ try:
         lat = list(ex.map(ask, range(8)))
     print(f"单个请求（16 个 token）{single:.2f}s；8 个并发请求总用时 {time.perf_counter() - t0:.2f}s，"
           f"单个 {min(lat):.2f}～{max(lat):.2f}s")
+
+    r = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Give me a name for a cat."}], max_tokens=12,
+        temperature=0.8, n=2, seed=1)
+    print("n=2:", [(c.index, c.message.content) for c in r.choices], dict(r.usage.prompt_tokens_details or {}))
+    try:
+        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    except Exception as e:  # openai.BadRequestError
+        print("tools:", type(e).__name__, e.body["message"])
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     print("\n".join(line for line in metrics.splitlines()
                     if line.startswith(("minisgl_num_", "minisgl_kv_pages", "minisgl_generation_tokens"))))

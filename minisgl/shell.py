@@ -34,7 +34,7 @@ async def run_shell(state: FrontendManager, sampling: SamplingParams = SHELL_SAM
         if not line:
             continue
         history.append({"role": "user", "content": line})
-        uid = state.new_user()
+        uid = state.new_users()[0]
         await state.send_one(TokenizeMsg(uid=uid, text=list(history), sampling_params=sampling))
         answer = ""
         async for ack in state.wait_for_ack(uid):

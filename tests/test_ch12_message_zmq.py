@@ -5,20 +5,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import multiprocessing as mp
+import os
 import pickle
+import signal
 import tempfile
+import time
 from typing import Any, List
 
 import msgpack
+import psutil
 import pytest
 import torch
 
 from minisgl.core import SamplingParams
 from minisgl.message import (AbortBackendMsg, AbortMsg, BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg,
-                             DetokenizeInfoMsg, DetokenizeMsg, ExitMsg, TokenizeMsg, UserMsg, UserReply, decode,
-                             encode, message_types, serialize_type)
+                             DetokenizeInfoMsg, DetokenizeMsg, ExitMsg, SchedulerStats, TokenizeMsg, UserMsg,
+                             UserReply, decode, encode, message_types, serialize_type)
 from minisgl.utils.mp import (ZmqAsyncPullQueue, ZmqAsyncPushQueue, ZmqPubQueue, ZmqPullQueue, ZmqPushQueue,
-                              ZmqSubQueue)
+                              ZmqSubQueue, watch_parent)
 
 
 def assert_same(a: Any, b: Any, where: str = "msg") -> None:
@@ -60,13 +64,19 @@ def sample_messages() -> List[Any]:
         TokenizeMsg(uid=0, text="北京在哪里？😀", sampling_params=SamplingParams()),
         TokenizeMsg(uid=1, text=chat, sampling_params=sp, chat_options={"enable_thinking": False, "n": None},
                     stop=["\n\n", "。", ""]),
-        DetokenizeMsg(uid=5, next_token=0, finished=False),
-        DetokenizeMsg(uid=5, next_token=151645, finished=True, finish_reason="stop"),
+        TokenizeMsg(uid=2, text=[9707, 11, 0], sampling_params=sp),
+        DetokenizeMsg(uid=5, next_token=0, finished=False, cached_tokens=64),
+        DetokenizeMsg(uid=5, next_token=151645, finished=True, finish_reason="stop", logprob=-0.25,
+                      top_ids=[151645, 13], top_logprobs=[-0.25, -float("inf")]),
         AbortMsg(uid=9), DetokenizeInfoMsg(uid=3, prompt_tokens=1000, stop=["Observation:"]),
         BatchTokenizerMsg([DetokenizeMsg(uid=u, next_token=u, finished=False) for u in range(3)] + [AbortMsg(4)]),
         UserReply(uid=1, incremental_output="", finished=False),
         UserReply(uid=1, incremental_output="你好，世界 👋🏽", finished=True, finish_reason="length",
-                  prompt_tokens=12, completion_tokens=34),
+                  prompt_tokens=12, completion_tokens=34, cached_tokens=8,
+                  logprobs=[{"token": "你", "bytes": [228, 189, 160], "logprob": -1.5, "top_logprobs": []}]),
+        UserReply(uid=2, incremental_output="", finished=True, finish_reason="abort", error="max_tokens=9 is too large"),
+        SchedulerStats(running=3, waiting=1, pages_used=10, pages_cached=5, pages_free=85, pages_reserved=7,
+                       cached_tokens=2**40),
         BatchFrontendMsg([UserReply(uid=u, incremental_output=str(u), finished=u == 1) for u in range(2)]),
     ]
 
@@ -231,3 +241,39 @@ def test_async_queues_in_one_event_loop() -> None:
 
     got = asyncio.run(main())
     assert [r.uid for r in got] == list(range(20)) and got[3].incremental_output == "字字字" and got[-1].finished
+
+
+def _worker(pid_queue: Any) -> None:
+    watch_parent(interval=0.1)
+    pid_queue.put(os.getpid())
+    time.sleep(120)  # 父进程不死的话，它要睡两分钟
+
+
+def _launcher(pid_queue: Any) -> None:
+    child = mp.get_context("spawn").Process(target=_worker, args=(pid_queue,))
+    child.start()
+    child.join()
+
+
+def test_worker_exits_when_its_parent_is_killed() -> None:
+    """启动器被 kill -9：它来不及收拾，它 spawn 出来的工作进程自己在一秒之内退出。"""
+    ctx = mp.get_context("spawn")
+    pids = ctx.Queue()
+    launcher = ctx.Process(target=_launcher, args=(pids,))
+    launcher.start()
+    worker = pids.get(timeout=60)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.join(10)
+    t0 = time.monotonic()
+    while not gone(worker):
+        assert time.monotonic() - t0 < 5, "the worker outlived its killed parent"
+        time.sleep(0.05)
+    assert time.monotonic() - t0 < 1.0
+
+
+def gone(pid: int) -> bool:
+    """进程已经退出（不在了，或者只剩一个等着被收割的僵尸条目）。"""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -13,7 +13,7 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.message import (AbortBackendMsg, AbortMsg, BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg,
                              DetokenizeInfoMsg, DetokenizeMsg, TokenizeMsg, UserMsg, UserReply)
-from minisgl.tokenizer import DetokenizeManager, TokenizeManager, TokenizerLoop, tokenize_worker
+from minisgl.tokenizer import DetokenizeManager, TokenizeManager, TokenizerLoop, token_bytes, tokenize_worker
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
@@ -97,6 +97,21 @@ def test_chat_templates(tokenizers: Dict[str, Any]) -> None:
         tokenizers["qwen3"].encode("1+1=")  # 纯提示词：不套模板
     with pytest.raises(ValueError, match="request 9: the prompt is empty"):
         qwen.tokenize(TokenizeMsg(9, "", SamplingParams()))
+    assert qwen.tokenize(TokenizeMsg(4, [5, 0, 151643], SamplingParams())).input_ids.tolist() == [5, 0, 151643]
+
+
+def test_requests_that_do_not_fit_are_refused_with_the_numbers(tokenizers: Dict[str, Any]) -> None:
+    m = TokenizeManager(tokenizers["qwen3"], max_seq_len=10)
+    assert len(m.tokenize(TokenizeMsg(0, [1] * 6, SamplingParams(max_tokens=4))).input_ids) == 6  # 正好放满
+    with pytest.raises(ValueError, match=r"^max_tokens=5 is too large: the prompt has 6 tokens and the context is 10, "
+                                         r"so at most 4 tokens can be generated$"):
+        m.tokenize(TokenizeMsg(0, [1] * 6, SamplingParams(max_tokens=5)))
+    with pytest.raises(ValueError, match="the prompt has 10 tokens; this server's context is 10 tokens"):
+        m.tokenize(TokenizeMsg(0, [1] * 10, SamplingParams()))
+    loop = TokenizerLoop(tokenizers["qwen3"], max_seq_len=10)  # 进程里：拒绝变成一条带原因的回复，调度器什么也收不到
+    out = loop.step([TokenizeMsg(3, [1] * 6, SamplingParams(max_tokens=5))])
+    assert not out.backend and len(out.frontend) == 1 and out.frontend[0].finish_reason == "abort"
+    assert out.frontend[0].finished and out.frontend[0].error.startswith("max_tokens=5 is too large")
 
 
 def test_think_tokens_are_kept_and_special_tokens_skipped(tokenizers: Dict[str, Any]) -> None:
@@ -174,6 +189,76 @@ def test_finish_reasons_and_usage(tokenizers: Dict[str, Any]) -> None:
     assert r[-1].completion_tokens == len(tok.encode("好的，")) and not d.states
 
 
+@pytest.mark.parametrize("name", ["qwen3", "smollm2"])
+def test_token_bytes_concatenate_to_the_text(tokenizers: Dict[str, Any], name: str) -> None:
+    """每个 token 的 bytes 接起来就是文字的 UTF-8（一个字符切成几个 token 时，每个 token 是它的一部分字节）。"""
+    tok = tokenizers[name]
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        parts = [token_bytes(tok, t) for t in ids]
+        assert b"".join(parts) == text.encode(), text
+    assert token_bytes(tok, tok.convert_tokens_to_ids("<|im_end|>")) == b"<|im_end|>"
+    assert token_bytes(tok, len(tok) + 10**6) == b""  # 词表之外的 id（随机权重的模型会生成）
+
+
+def lp(t: int) -> float:
+    return -t / 1e6  # 从 logprob 认得出是哪个 token
+
+
+def feed_with_logprobs(d: DetokenizeManager, ids: List[int]) -> List[UserReply]:
+    replies = []
+    for i, t in enumerate(ids):
+        last = i == len(ids) - 1
+        r = d.detokenize(DetokenizeMsg(0, t, last, "length" if last else None, cached_tokens=7 if i == 0 else 0,
+                                       logprob=lp(t), top_ids=[t, 0], top_logprobs=[lp(t), -float("inf")]))
+        if r is not None:
+            replies.append(r)
+            if r.finished:
+                break
+    return replies
+
+
+@pytest.mark.parametrize("name", ["qwen3", "smollm2"])
+def test_logprobs_follow_the_text(tokenizers: Dict[str, Any], name: str) -> None:
+    """每条回复带的 logprobs 正好是它的文字用到的 token：扣着的半个字符、扣着的 stop 字符串开头，它们的 token
+    也扣着；stop 截断之后的 token 不出现。bytes 接起来和发出的文字对得上。"""
+    tok = tokenizers[name]
+    for seed in range(150):
+        rng = random.Random(seed)
+        ids = tok.encode("".join(rng.choice(TEXTS[:6]) for _ in range(2)), add_special_tokens=False)
+        one_shot = tok.decode(ids)
+        stop = [] if seed % 3 == 0 else [one_shot[(i := rng.randrange(len(one_shot))): i + rng.randint(1, 4)]]
+        d = DetokenizeManager(tok)
+        d.add_request(0, stop=stop)
+        replies = feed_with_logprobs(d, ids)
+        sent, entries = b"", []
+        for r in replies:
+            sent += r.incremental_output.encode()
+            entries += r.logprobs
+            got = b"".join(bytes(e["bytes"]) for e in entries)
+            if not r.finished:  # 发出去的 token 的字节，是发出去的文字的开头
+                assert sent.startswith(got), f"seed {seed}: {got!r} is ahead of {sent!r}"
+        got = b"".join(bytes(e["bytes"]) for e in entries)
+        hit = replies[-1].finish_reason == "stop"
+        # 被 stop 截断时，跨过截断点的那一段文字的 token 也在（它们贡献了发出去的字符）；否则正好对上
+        assert got.startswith(sent) and one_shot.encode().startswith(got) if hit else got == sent, f"seed {seed}"
+        assert [e["logprob"] for e in entries] == [lp(t) for t in ids[:len(entries)]]  # 按顺序、不重不漏
+        assert all(e["top_logprobs"][0]["logprob"] == e["logprob"] and e["top_logprobs"][1]["logprob"] == -9999.0
+                   for e in entries)
+        assert replies[-1].cached_tokens == 7 and all(r.cached_tokens == 0 for r in replies[:-1])
+
+
+def test_logprob_entries_in_openai_shape(tokenizers: Dict[str, Any]) -> None:
+    tok = tokenizers["smollm2"]
+    ids = tok.encode("鸭")  # 一个汉字，三个字节级 token
+    replies = feed_with_logprobs(DetokenizeManager(tok), ids)
+    assert [len(r.logprobs) for r in replies] == [0] * (len(ids) - 1) + [len(ids)]  # 和字一起到
+    first = replies[-1].logprobs[0]
+    assert set(first) == {"token", "bytes", "logprob", "top_logprobs"} and first["token"].startswith("\\x")
+    assert bytes(sum((e["bytes"] for e in replies[-1].logprobs), [])).decode() == "鸭"
+    assert feed(DetokenizeManager(tok), ids)[-1].logprobs is None  # 没要 logprobs
+
+
 def test_routing_in_one_process(tokenizers: Dict[str, Any]) -> None:
     """--num-tokenizer 0：同一个进程分词、反分词。"""
     tok = tokenizers["qwen3"]
@@ -190,14 +275,16 @@ def test_routing_in_one_process(tokenizers: Dict[str, Any]) -> None:
     out = loop.step([AbortMsg(uid=2)])  # 客户端走了
     assert out.backend == [AbortBackendMsg(uid=2)] and 2 not in loop.detokenize_manager.states
     assert loop.step([DetokenizeMsg(2, 5, False)]).frontend == []
-    out = loop.step([TokenizeMsg(3, "", SamplingParams())])  # 坏请求只结束它自己
-    assert out.frontend == [UserReply(uid=3, incremental_output="", finished=True, finish_reason="abort")]
+    out = loop.step([TokenizeMsg(3, "", SamplingParams())])  # 坏请求只结束它自己，原因写在 error 里
+    assert out.frontend == [UserReply(uid=3, incremental_output="", finished=True, finish_reason="abort",
+                                      error="request 3: the prompt is empty after tokenization")]
     with pytest.raises(TypeError, match="UserMsg"):
         loop.step([UserMsg(0, torch.zeros(1, dtype=torch.int32), SamplingParams())])  # type: ignore[list-item]
 
 
 def test_routing_with_a_separate_tokenizer(tokenizers: Dict[str, Any]) -> None:
-    """--num-tokenizer N > 0：tokenizer 把登记信息和中止转给 detokenizer，由 detokenizer 通知调度器。"""
+    """--num-tokenizer N > 0：tokenizer 把登记信息和中止转给 detokenizer；调度器的中止由 tokenizer 自己发，
+    和 UserMsg 同一个套接字，不会抢在请求前面到达调度器。"""
     tok = tokenizers["qwen3"]
     tokenizer, detokenizer = TokenizerLoop(tok, to_detokenizer=True), TokenizerLoop(tok, wait_for_info=True)
     out = tokenizer.step([TokenizeMsg(1, "Count:", SamplingParams(), stop=["3"])])
@@ -206,8 +293,8 @@ def test_routing_with_a_separate_tokenizer(tokenizers: Dict[str, Any]) -> None:
     detokenizer.step(out.detokenizer)
     assert detokenizer.detokenize_manager.states[1].stop == ["3"]
     out = tokenizer.step([AbortMsg(uid=1)])
-    assert out.detokenizer == [AbortMsg(uid=1)] and not out.backend
-    assert detokenizer.step(out.detokenizer).backend == [AbortBackendMsg(uid=1)]
+    assert out.detokenizer == [AbortMsg(uid=1)] and out.backend == [AbortBackendMsg(uid=1)]
+    assert detokenizer.step(out.detokenizer).backend == []  # detokenizer 只忘掉状态：调度器已经收到了
     assert not detokenizer.detokenize_manager.states
     ids = tok.encode("1 2 3 4")  # 全部 token 都先于登记到达（CI 里真碰上过）：先存着，登记一到照样在 stop 前截断
     steps = [detokenizer.step([DetokenizeMsg(2, t, False)]) for t in ids]

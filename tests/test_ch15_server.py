@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,9 +66,10 @@ def server(tiny_qwen3: Path, tmp_path_factory) -> Iterator[Tuple[int, Path]]:
 
 @pytest.fixture(scope="module")
 def smol_server(smollm2: Path, tmp_path_factory) -> Iterator[Tuple[int, str]]:
-    """内置的 SmolLM2，带 API key，单独一个 tokenizer 进程（stop 字符串和 usage 要经 detokenizer 转达）。"""
+    """内置的 SmolLM2，带 API key，两个单独的 tokenizer 进程（stop 字符串和 usage 要经 detokenizer 转达，
+    每个请求的中止要回到给它分词的那个 tokenizer）。"""
     log = tmp_path_factory.mktemp("smol") / "server.log"
-    proc, port = start_server(smollm2, log, "--api-key", "sk-test", "--num-tokenizer", "1")
+    proc, port = start_server(smollm2, log, "--api-key", "sk-test", "--num-tokenizer", "2")
     yield port, "sk-test"
     stop_server(proc)
 
@@ -122,16 +125,17 @@ def test_client_disconnect_aborts_request(server):
 
 
 def test_non_streamed_disconnect_aborts_request(server):
-    """非流式请求的客户端超时断开：服务端也中止它（日志里多一条 Aborting），请求槽回来，之后照常。"""
+    """非流式请求的客户端超时断开：服务端在一秒之内中止它（日志里多一条 Aborting），请求槽和页都回来，之后照常。"""
     port, log_path = server
     before = log_path.read_text().count("Aborting request")
-    with pytest.raises(httpx.ReadTimeout):  # 200 个 token 要生成好一会儿，客户端 0.3 秒就不等了
+    with pytest.raises(httpx.ReadTimeout):  # 240 个 token 要生成好一会儿，客户端 0.3 秒就不等了
         httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=0.3,
-                   json={"model": "m", "prompt": "Tell me a long story.", "max_tokens": 200, "ignore_eos": True})
-    deadline = time.time() + 30
-    while log_path.read_text().count("Aborting request") == before or metrics(port)["minisgl_num_running_requests"]:
-        assert time.time() < deadline, "the non-streamed request was not aborted after its client went away"
-        time.sleep(0.2)
+                   json={"model": "m", "prompt": "Tell me a long story.", "max_tokens": 240, "ignore_eos": True})
+    t0 = time.monotonic()
+    while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
+        assert time.monotonic() - t0 < 1.0, f"the request still holds its slot and pages 1 s after its client left: {m}"
+        time.sleep(0.05)
+    assert log_path.read_text().count("Aborting request") == before + 1
     resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                       json={"model": "m", "prompt": "1 + 1 =", "max_tokens": 4}, timeout=60)
     assert resp.status_code == 200
@@ -176,7 +180,7 @@ def test_disconnect_storm_frees_everything(server) -> None:
 
     async def hang_up(i: int) -> None:
         async with httpx.AsyncClient(timeout=60) as h:
-            body = {"model": "m", "prompt": f"story {i} " * 20, "max_tokens": 200, "stream": True, "ignore_eos": True}
+            body = {"model": "m", "prompt": f"story {i} " * 20, "max_tokens": 150, "stream": True, "ignore_eos": True}
             async with h.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 async for _ in r.aiter_lines():
@@ -202,7 +206,7 @@ BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误�
     ("/v1/chat/completions", {"model": "m"}, "messages"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p"),
@@ -211,10 +215,12 @@ BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误�
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1.5}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "seed": -3}, "seed"),
     ("/v1/completions", {"prompt": ""}, "prompt"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
-    ("/v1/completions", {"prompt": "hi", "stream": True, "n": 3}, "n"),
-    ("/v1/completions", {"prompt": "word " * 300}, "messages"),  # 比上下文（256）长
-    ("/v1/completions", {"prompt": "word " * 300, "stream": True}, "messages"),
+    ("/v1/completions", {"prompt": ["a", ""]}, "prompt"),
+    ("/v1/completions", {"prompt": [["a"]]}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "stream": True, "n": 129}, "n"),
+    ("/v1/completions", {"prompt": "word " * 300}, "prompt"),  # 比上下文（256）长
+    ("/v1/completions", {"prompt": "word " * 300, "stream": True}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 300}]}, "messages"),
     ("/generate", {"prompt": ""}, "prompt"),
 ]
 
@@ -234,6 +240,227 @@ def test_malformed_requests(server) -> None:
         client(port).completions.create(model="m", prompt="hi", top_p=2.0)
     assert getattr(e.value, "status_code", None) == 400
     assert client(port).completions.create(model="m", prompt="hi", max_tokens=2).usage.completion_tokens <= 2
+
+
+def hf_model(tiny: Path) -> Tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny), AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+
+def hf_steps(model: Any, ids: List[int], n: int, presence: float = 0.0, frequency: float = 0.0,
+             repetition: float = 1.0, bias: Dict[int, float] | None = None) -> Tuple[List[int], List[Any]]:
+    """参照实现：transformers 的前向，一步一步贪心；每步返回原始 logits 的 log_softmax（logprobs 比的就是它）。
+    惩罚项按 OpenAI / vLLM 的定义：presence、frequency 只看生成的 token，repetition 看提示词和生成的全部 token
+    （正的 logit 除以它、负的乘以它），logit_bias 直接加。"""
+    import torch
+
+    out: List[int] = []
+    logprobs = []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + out])).logits[0, -1].double()
+        logprobs.append(torch.log_softmax(logits, -1))
+        seen = torch.tensor(sorted(set(ids + out)))
+        logits[seen] = torch.where(logits[seen] > 0, logits[seen] / repetition, logits[seen] * repetition)
+        for t in set(out):
+            logits[t] -= presence + frequency * out.count(t)
+        for t, b in (bias or {}).items():
+            logits[t] += b
+        out.append(int(logits.argmax()))
+    return out, logprobs
+
+def test_logprobs_equal_transformers(server, tiny_qwen3: Path) -> None:
+    """logprobs 是模型原始分布的 log_softmax：和 transformers 在同一份权重上逐步算的相同（1e-4），top_logprobs 是
+    最可能的那几个；对话和补全、流式和非流式给出同样的数，对话里各项的 bytes 接起来就是文字。"""
+    port, _ = server
+    tok, model = hf_model(tiny_qwen3)
+    c = client(port)
+    prompt = "The capital of France is"
+    ids = tok.encode(prompt)
+    want, hf_lp = hf_steps(model, ids, 6)
+    kw: Dict[str, Any] = dict(model="m", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    r = c.completions.create(prompt=prompt, logprobs=3, **kw)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == tok.decode(want, skip_special_tokens=True) and len(lp.tokens) == 6
+    for step, (t, got, top) in enumerate(zip(want, lp.token_logprobs, lp.top_logprobs)):
+        assert abs(got - float(hf_lp[step][t])) < 1e-4, (step, got, float(hf_lp[step][t]))
+        best = hf_lp[step].topk(3)
+        assert len(top) == 3 and sorted(top.values(), reverse=True) == pytest.approx(best.values.tolist(), abs=1e-4)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    chunks = [ch for ch in c.completions.create(prompt=prompt, logprobs=3, stream=True, **kw) if ch.choices]
+    assert sum((ch.choices[0].logprobs.token_logprobs for ch in chunks if ch.choices[0].logprobs), []) == \
+        pytest.approx(lp.token_logprobs, abs=1e-4)
+    chat = [{"role": "user", "content": "你好"}]
+    chat_ids = list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
+    want, hf_lp = hf_steps(model, chat_ids, 6)
+    r = c.chat.completions.create(messages=chat, logprobs=True, top_logprobs=2, **kw)
+    content = r.choices[0].logprobs.content
+    assert [e.logprob for e in content] == pytest.approx([float(hf_lp[i][t]) for i, t in enumerate(want)], abs=1e-4)
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in content)
+    assert bytes(sum((e.bytes for e in content), [])).decode() == r.choices[0].message.content
+    parts = list(c.chat.completions.create(messages=chat, logprobs=True, top_logprobs=2, stream=True, **kw))
+    streamed = [e.logprob for p in parts if p.choices and p.choices[0].logprobs for e in p.choices[0].logprobs.content]
+    assert streamed == pytest.approx([e.logprob for e in content], abs=1e-4)
+
+def test_n_choices(server) -> None:
+    """n 个回答：index 0..n-1；给了 seed 时第 j 个回答和单独发、seed + j 的请求一样；流式的片段各带自己的 index、
+    每个回答一个 finish 片段、finish 之前没有空片段；usage 里提示词只算一次。"""
+    port, _ = server
+    c = client(port)
+    chat = [{"role": "user", "content": "Write a poem."}]
+    kw: Dict[str, Any] = dict(model="m", messages=chat, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
+    r = c.chat.completions.create(n=3, seed=11, **kw)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    single = [c.chat.completions.create(seed=11 + j, **kw) for j in range(3)]
+    assert [ch.message.content for ch in r.choices] == [s.choices[0].message.content for s in single]
+    assert r.usage.prompt_tokens == single[0].usage.prompt_tokens and r.usage.completion_tokens == 24
+    texts: Dict[int, str] = {0: "", 1: "", 2: ""}
+    finished: List[int] = []
+    for ch in c.chat.completions.create(n=3, seed=11, stream=True, stream_options={"include_usage": True}, **kw):
+        if not ch.choices:
+            assert ch.usage.completion_tokens == 24 and ch.usage.prompt_tokens == r.usage.prompt_tokens
+            continue
+        choice = ch.choices[0]
+        assert choice.index not in finished, "a chunk after its choice's finish chunk"
+        if choice.finish_reason is not None:
+            finished.append(choice.index)
+        else:
+            assert choice.delta.role == "assistant" or choice.delta.content, ch  # 没有空的中间片段
+            texts[choice.index] += choice.delta.content or ""
+    assert sorted(finished) == [0, 1, 2] and [texts[j] for j in range(3)] == [ch.message.content for ch in r.choices]
+
+def test_n_choices_share_the_prompt_prefill(server) -> None:
+    """n 个回答的提示词相同：调度器让后几个等一步，从前缀缓存里拿到整段提示词（只差最后一个 token）。"""
+    port, _ = server
+    r = client(port).completions.create(model="m", prompt="A fresh prompt nobody sent before: " + "x y " * 20,
+                                        n=3, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    assert len({ch.text for ch in r.choices}) == 1  # 贪心：三个回答一样
+    assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1, r.usage
+
+def test_sampling_controls_through_http(server, tiny_qwen3: Path) -> None:
+    """惩罚项、logit_bias、stop_token_ids 经过 HTTP 真的作用在采样上：贪心结果等于按同样定义改 logits 的参照实现。"""
+    port, _ = server
+    tok, model = hf_model(tiny_qwen3)
+    c = client(port)
+    prompt = "1, 2, 3, 4,"
+    ids = tok.encode(prompt)
+
+    plain, _ = hf_steps(model, ids, 10)
+    assert tok.decode(plain, skip_special_tokens=True) == c.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0,
+                                                     extra_body={"ignore_eos": True}).choices[0].text
+    for kw, ref in [(dict(presence_penalty=1.5, frequency_penalty=0.5), dict(presence=1.5, frequency=0.5)),
+                    (dict(extra_body={"repetition_penalty": 1.3}), dict(repetition=1.3)),
+                    (dict(logit_bias={str(plain[2]): -100, "11": 5}), dict(bias={plain[2]: -100, 11: 5}))]:
+        want, _ = hf_steps(model, ids, 10, **ref)  # type: ignore[arg-type]
+        r = c.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0,
+                                 extra_body={"ignore_eos": True, **kw.pop("extra_body", {})}, **kw)
+        assert r.choices[0].text == tok.decode(want, skip_special_tokens=True), (kw, ref)
+        assert want != plain  # 参照实现里它确实改变了结果：测试不是白测
+    k = next(i for i in range(2, 10) if plain[i] not in plain[:i])  # 第一次出现在第 k 步的 token
+    stop = c.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0,
+                                extra_body={"ignore_eos": True, "stop_token_ids": [plain[k]]})
+    assert stop.choices[0].finish_reason == "stop"
+    assert stop.choices[0].text == tok.decode(plain[:k], skip_special_tokens=True)
+    assert stop.usage.completion_tokens == k + 1  # stop token 算在生成里，但不显示
+
+def test_prompts_as_lists_and_token_ids(server, tiny_qwen3: Path) -> None:
+    """/v1/completions 的 prompt：几个字符串 × n（index = 提示词序号 × n + j）、一串 token id、几串 token id；
+    token id 的提示词和同样文字的提示词结果相同；usage 里每个提示词算一次。"""
+    port, _ = server
+    tok, _ = hf_model(tiny_qwen3)
+    c = client(port)
+    kw: Dict[str, Any] = dict(model="m", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    prompts = ["Once upon a time", "The capital of France is"]
+    alone = [c.completions.create(prompt=p, **kw) for p in prompts]
+    r = c.completions.create(prompt=prompts, n=2, **kw)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    assert [ch.text for ch in r.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone) and r.usage.completion_tokens == 20
+    ids = [tok.encode(p) for p in prompts]
+    assert c.completions.create(prompt=ids[0], **kw).choices[0].text == alone[0].choices[0].text
+    assert [ch.text for ch in c.completions.create(prompt=ids, **kw).choices] == [a.choices[0].text for a in alone]
+    echo = c.completions.create(prompt=prompts[0], echo=True, **kw)
+    assert echo.choices[0].text == prompts[0] + alone[0].choices[0].text
+
+def test_defaults_models_and_model_name(server) -> None:
+    """max_tokens 不给：补全 16 个（OpenAI 的默认值），对话一直到上下文满；响应里的 model 是服务的模型名；
+    /v1/models/{id}（不认识的 id 是 404）和 max_model_len。"""
+    port, _ = server
+    c = client(port)
+    r = c.completions.create(model="whatever", prompt="hi", temperature=0, extra_body={"ignore_eos": True})
+    name = c.models.list().data[0].id
+    assert r.usage.completion_tokens == 16 and r.model == name != "whatever"
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.total_tokens == 256  # --max-seq-len-override 256
+    card = c.models.retrieve(name)
+    assert card.id == name and card.model_extra["max_model_len"] == 256
+    with pytest.raises(Exception) as e:
+        c.models.retrieve("no-such-model")
+    assert getattr(e.value, "status_code", None) == 404
+
+REFUSED = ["tools", "tool_choice", "functions", "function_call", "audio", "prediction", "parallel_tool_calls",
+           "reasoning_effort", "web_search_options", "no_such_field"]
+
+def test_nothing_is_silently_dropped(server) -> None:
+    """不支持的字段一律 400，错误说出字段名；OpenAI 说可以忽略的（user、metadata……）照收；值为 null 和没给一样。"""
+    port, _ = server
+    chat = [{"role": "user", "content": "hi"}]
+    url = f"http://127.0.0.1:{port}/v1"
+    for name in REFUSED:
+        r = httpx.post(f"{url}/chat/completions", json={"messages": chat, name: [{"type": "function"}]}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == name and name in r.json()["error"]["message"]
+    special = [({"response_format": {"type": "json_object"}}, "response_format"), ({"modalities": ["audio"]}, "modalities"),
+               ({"stream_options": {"include_usage": True}}, "stream_options"), ({"top_logprobs": 2}, "top_logprobs"),
+               ({"max_tokens": 10**6}, "max_tokens"), ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+               ({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}, "messages")]
+    for extra, param in special:
+        r = httpx.post(f"{url}/chat/completions", json={"messages": chat, **extra}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    big = httpx.post(f"{url}/completions", json={"prompt": "hi", "max_tokens": 1000}, timeout=30).json()["error"]
+    assert re.search(r"max_tokens=1000 is too large: the prompt has \d+ tokens and the context is 256", big["message"])
+    for extra, param in [({"suffix": "!"}, "suffix"), ({"echo": True, "logprobs": 1}, "echo"), ({"best_of": 3}, "best_of"),
+                         ({"logprobs": 6}, "logprobs"), ({"prompt": [1, 10**9]}, "prompt")]:
+        r = httpx.post(f"{url}/completions", json={"prompt": "hi", **extra}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    ok = {"user": "u1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto", "safety_identifier": "s",
+          "prompt_cache_key": "k", "tools": None, "functions": None, "response_format": {"type": "text"},
+          "max_tokens": 2, "messages": chat + [{"role": "assistant", "content": "x", "tool_calls": None}, chat[0]],
+          "no_stop_trim": False, "skip_special_tokens": True, "separate_reasoning": True}  # sglang-router 带的默认值
+    assert httpx.post(f"{url}/chat/completions", json=ok, timeout=30).status_code == 200
+    r = httpx.post(f"{url}/completions", json={"prompt": "hi", "no_stop_trim": True}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "no_stop_trim"
+
+def test_responses_api(server) -> None:
+    """/v1/responses：和同样消息的对话接口给出同样的文字和 token 数；流式事件的顺序和 sequence_number，delta 接起来
+    就是文字；到了 max_output_tokens 是 incomplete；工具、previous_response_id、非文字的输出格式回 400。"""
+    port, _ = server
+    c = client(port)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
+    ref = c.chat.completions.create(model="m", messages=chat, max_tokens=6, temperature=0)
+    r = c.responses.create(model="m", instructions="Be brief.", input="Tell me a story.", max_output_tokens=6,
+                           temperature=0)
+    assert r.output_text == ref.choices[0].message.content and r.model == ref.model
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (ref.usage.prompt_tokens, ref.usage.completion_tokens)
+    assert r.status == ("incomplete" if ref.choices[0].finish_reason == "length" else "completed")
+    parts = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]}]
+    events = list(c.responses.create(model="m", input=parts, max_output_tokens=6, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{r.status}"] and set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text == \
+        events[-1].response.output_text
+    url = f"http://127.0.0.1:{port}/v1/responses"
+    for extra, param in [({"tools": []}, "tools"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
+                         ({"text": {"format": {"type": "json_object"}}}, "text"), ({"truncation": "auto"}, "truncation"),
+                         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input")]:
+        resp = httpx.post(url, json={"input": "hi", **extra}, timeout=30)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, (extra, resp.text)
 
 
 def test_api_key_stop_and_seed(smol_server) -> None:
@@ -343,7 +570,7 @@ def test_sigterm_leaves_no_orphans(smol_server) -> None:
     """SIGTERM 给主进程：所有工作进程都跟着退出（这个模块里最后一个用 smol_server 的测试）。"""
     proc = RUNNING[smol_server[0]]
     workers = psutil.Process(proc.pid).children(recursive=True)
-    assert len([w for w in workers if "--multiprocessing-fork" in w.cmdline()]) == 3  # 调度器、detokenizer、tokenizer
+    assert len([w for w in workers if "--multiprocessing-fork" in w.cmdline()]) == 4  # 调度器、detokenizer、2 个 tokenizer
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     _, alive = psutil.wait_procs(workers, timeout=10)
@@ -365,6 +592,76 @@ def test_worker_death_gives_503(server) -> None:
     assert proc.wait(timeout=30) == 1
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, [w.cmdline() for w in alive]
+
+
+def test_abort_goes_to_the_tokenizer_of_its_request(tmp_path: Path) -> None:
+    """--num-tokenizer 2：同一个 uid 的 TokenizeMsg 和 AbortMsg 总是发给同一个 tokenizer，中止排在请求后面。
+    （PUSH 轮流分发的话，中止会落到另一个 tokenizer 上，可能比请求先到调度器。）"""
+    from minisgl.core import SamplingParams
+    from minisgl.message import AbortMsg, TokenizeMsg
+    from minisgl.server.api_server import FrontendManager
+    from minisgl.server.args import ServerArgs
+    from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue, ZmqPullQueue
+
+    args = ServerArgs(model_path=tmp_path, num_tokenizer=2, zmq_tokenizer_addr=f"ipc://{tmp_path}/tok")
+    pulls = [ZmqPullQueue(addr, create=False) for addr in args.tokenizer_addrs]
+
+    async def send() -> None:
+        state = FrontendManager(args, [ZmqAsyncPushQueue(a, create=True) for a in args.tokenizer_addrs],
+                                ZmqAsyncPullQueue(f"ipc://{tmp_path}/front", create=True))
+        for uid in state.new_users(6):
+            await state.send_one(TokenizeMsg(uid=uid, text="hi", sampling_params=SamplingParams()))
+        await state.abort_users([1, 2, 5])
+        state.shutdown()
+
+    asyncio.run(send())
+    got = [[(type(m).__name__, m.uid) for m in (pull.get(timeout=10) for _ in range(n))]
+           for pull, n in zip(pulls, (4, 5))]
+    assert got[0] == [("TokenizeMsg", 0), ("TokenizeMsg", 2), ("TokenizeMsg", 4), ("AbortMsg", 2)]
+    assert got[1] == [("TokenizeMsg", 1), ("TokenizeMsg", 3), ("TokenizeMsg", 5), ("AbortMsg", 1), ("AbortMsg", 5)]
+    for pull in pulls:
+        pull.stop()
+
+def test_kill_9_of_the_launcher_leaves_no_worker(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """kill -9 启动器：它来不及收拾，工作进程（调度器、detokenizer、tokenizer）自己在几秒之内退出。"""
+    proc, _ = start_server(tiny_qwen3, tmp_path / "server.log", "--num-tokenizer", "1")
+    try:
+        workers = spawned(proc)
+        assert len(workers) == 3
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs(workers, timeout=5)
+        assert not alive, [w.cmdline() for w in alive]
+    finally:
+        stop_server(proc)
+
+def test_new_flags(tiny_qwen3: Path, tmp_path: Path, capsys) -> None:
+    """--num-threads、--dummy-weight、--cpu-kv-memory-mb 在 --help 里；只对另一种设备有意义的 flag 一行报错；
+    --dummy-weight 不读权重文件：一个只有配置和分词器的目录也能起服务、回答请求。"""
+    from minisgl.server.args import build_parser, parse_args
+
+    help_text = build_parser().format_help()
+    assert all(f in help_text for f in ("--num-threads", "--dummy-weight", "--cpu-kv-memory-mb", "--memory-ratio"))
+    args = parse_args(["--model", str(tiny_qwen3), "--device", "cpu", "--num-threads", "3", "--cpu-kv-memory-mb", "64",
+                       "--dummy-weight"])
+    assert (args.num_threads, args.cpu_kv_memory_mb, args.use_dummy_weight) == (3, 64, True)
+    for flags, msg in [("--num-threads 0", "--num-threads 0 is invalid"),
+                       ("--device cpu --memory-ratio 0.5", "--memory-ratio applies on a GPU only")]:
+        with pytest.raises(SystemExit) as e:
+            parse_args(["--model", str(tiny_qwen3), *flags.split()])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: {msg}"), err
+    bare = tmp_path / "no-weights"
+    bare.mkdir()
+    for f in tiny_qwen3.iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, bare / f.name)
+    proc, port = start_server(bare, tmp_path / "dummy.log", "--dummy-weight")
+    try:
+        r = client(port).completions.create(model="m", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 3
+    finally:
+        stop_server(proc)
 
 
 def test_shell_in_a_terminal(tiny_qwen3: Path) -> None:

@@ -4,24 +4,26 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Tuple
+from typing import Any, AsyncIterator, Dict, List, Literal, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
 from minisgl import __version__
 from minisgl.core import SamplingParams
-from minisgl.message import AbortMsg, BaseFrontendMsg, BaseTokenizerMsg, BatchFrontendMsg, TokenizeMsg, UserReply
+from minisgl.message import (AbortMsg, BaseFrontendMsg, BaseTokenizerMsg, BatchFrontendMsg, SchedulerStats,
+                             TokenizeMsg, UserReply)
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
-from .args import ServerArgs
+from .args import ServerArgs, model_limits
 
 logger = init_logger(__name__)
 
@@ -35,8 +37,10 @@ def _sse(obj: Any) -> bytes:
 @dataclass
 class FrontendManager:
     config: ServerArgs
-    send_tokenizer: ZmqAsyncPushQueue[BaseTokenizerMsg]
+    send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]]  # 每个分词进程一个（--num-tokenizer 0 时是 detokenizer）
     recv_tokenizer: ZmqAsyncPullQueue[BaseFrontendMsg]
+    max_seq_len: int = 0  # 上下文长度：/v1/models 的 max_model_len
+    vocab_size: int = 0  # 词表大小：检查 token id 提示词和 logit_bias
     uid_counter: int = 0
     initialized: bool = False
     ack_map: Dict[int, List[UserReply]] = field(default_factory=dict)
@@ -45,13 +49,14 @@ class FrontendManager:
     metrics: Metrics = field(default_factory=lambda: Metrics())  # Metrics 在文件后面（/metrics 一节）定义
     dead: str | None = None  # 有工作进程退出了：之后的请求一律 503
 
-    def new_user(self) -> int:
-        uid = self.uid_counter
-        self.uid_counter += 1
-        self.ack_map[uid] = []
-        self.event_map[uid] = asyncio.Event()
-        self.start_time[uid] = time.perf_counter()
-        return uid
+    def new_users(self, n: int = 1) -> List[int]:
+        """n 个新请求（一个 HTTP 请求的 n 个回答）：各有 uid 和回复列表，共用一个 Event。"""
+        event, now = asyncio.Event(), time.perf_counter()
+        uids = list(range(self.uid_counter, self.uid_counter + n))
+        self.uid_counter += n
+        for uid in uids:
+            self.ack_map[uid], self.event_map[uid], self.start_time[uid] = [], event, now
+        return uids
 
     async def listen(self) -> None:
         while True:
@@ -70,50 +75,64 @@ class FrontendManager:
             asyncio.create_task(self.listen())
             self.initialized = True
 
-    async def send_one(self, msg: BaseTokenizerMsg) -> None:
+    async def send_one(self, msg: TokenizeMsg | AbortMsg) -> None:
+        """同一个 uid 的消息总发给同一个分词进程：中止不会抢在请求前面（第 13 章）。"""
         if self.dead is not None:
             raise APIError(503, f"the server is shutting down: {self.dead}", type="server_error")
         self.start()
-        await self.send_tokenizer.put(msg)
+        await self.send_tokenizer[msg.uid % len(self.send_tokenizer)].put(msg)
 
-    async def first_reply(self, uid: int) -> None:
-        """等到第一条回复（不取走）：请求被拒绝或后端挂了时，HTTP 状态码还没发出去，来得及回一个错误。"""
-        await self.event_map[uid].wait()
-        first = self.ack_map[uid][0]
-        if not (first.finished and first.finish_reason in ("abort", "error") and first.completion_tokens == 0):
+    async def first_replies(self, uids: List[int], param: str) -> None:
+        """等每个请求的第一条回复（不取走）：被拒绝或后端挂了时，HTTP 状态码还没发出去，来得及回一个错误。"""
+        event = self.event_map[uids[0]]
+        while not all(self.ack_map[uid] for uid in uids):
+            await event.wait()
+            event.clear()
+        firsts = [self.ack_map[uid][0] for uid in uids]
+        refused = [r for r in firsts if r.finished and r.finish_reason in ("abort", "error") and not r.completion_tokens]
+        if not refused:
             return
-        self._forget(uid)
-        if first.finish_reason == "error":
-            raise APIError(503, f"the server is shutting down: {self.dead}", type="server_error")
-        if first.prompt_tokens > 0:
-            raise APIError(400, f"the prompt has {first.prompt_tokens} tokens: it does not fit in this server's "
-                                f"context (--max-seq-len-override)", param="messages", code="context_length_exceeded")
-        raise APIError(400, "the prompt is empty after tokenization or cannot be tokenized", param="messages")
-
-    async def wait_for_replies(self, uid: int) -> AsyncIterator[List[UserReply]]:
-        """每次醒来，一次取走这个请求已经到了的所有回复（一个列表）；以 finished 的那条结束。"""
-        event = self.event_map[uid]
-        try:
-            while True:
-                await event.wait()
-                event.clear()
-                pending, self.ack_map[uid] = self.ack_map[uid], []
-                done = next((i for i, ack in enumerate(pending) if ack.finished), None)
-                if done is None:
-                    yield pending
-                    continue
-                last = pending[done]
-                if last.finish_reason != "error":
-                    self.metrics.observe(last, time.perf_counter() - self.start_time[uid])
-                yield pending[:done + 1]
-                return
-        finally:
+        await self.abort_users([r.uid for r in firsts if not r.finished])  # 其余的（多半也会被拒绝）不用再算
+        for uid in uids:
             self._forget(uid)
+        r = refused[0]
+        if r.finish_reason == "error":
+            raise APIError(503, f"the server is shutting down: {self.dead}", type="server_error")
+        if r.error is not None:  # 分词进程说了原因："max_tokens=... is too large ..."、提示词太长……
+            field_name = re.match(r"(\w+)=", r.error)
+            raise APIError(400, r.error, param=field_name.group(1) if field_name else param,
+                           code="context_length_exceeded" if "context" in r.error else None)
+        raise APIError(400, f"the request was refused by the scheduler (prompt of {r.prompt_tokens} tokens, "
+                            f"context {self.max_seq_len})", param=param, code="context_length_exceeded")
+
+    async def wait_for_replies(self, uids: List[int]) -> AsyncIterator[List[Tuple[int, UserReply]]]:
+        """每次醒来，一次取走这组请求已经到了的所有回复：(第几个回答, 回复) 的列表；每个都 finished 才结束。"""
+        event, running = self.event_map[uids[0]], dict(enumerate(uids))
+        try:
+            while running:
+                got: List[Tuple[int, UserReply]] = []
+                for i, uid in list(running.items()):
+                    pending, self.ack_map[uid] = self.ack_map[uid], []
+                    for ack in pending:
+                        got.append((i, ack))
+                        if ack.finished:
+                            if ack.finish_reason != "error":
+                                self.metrics.observe(ack, time.perf_counter() - self.start_time[uid])
+                            del running[i]
+                            break
+                if got:
+                    yield got
+                elif running:
+                    await event.wait()
+                    event.clear()  # 先清再取（下一轮）：清之后到的回复会再 set，不会漏
+        finally:
+            for uid in uids:
+                self._forget(uid)
 
     async def wait_for_ack(self, uid: int) -> AsyncIterator[UserReply]:
-        """同上，一条一条地给：不在乎写几次的地方（非流式收集、终端）用它。"""
-        async for replies in self.wait_for_replies(uid):
-            for ack in replies:
+        """一个请求的回复，一条一条地给：不在乎写几次的地方（终端）用它。"""
+        async for replies in self.wait_for_replies([uid]):
+            for _, ack in replies:
                 yield ack
 
     def _forget(self, uid: int) -> None:
@@ -128,67 +147,26 @@ class FrontendManager:
             self.ack_map[uid].append(UserReply(uid=uid, incremental_output="", finished=True, finish_reason="error"))
             event.set()
 
-    async def stream_generate(self, uid: int) -> AsyncIterator[bytes]:
-        async for replies in self.wait_for_replies(uid):
-            yield b"".join(_sse(ack.incremental_output) for ack in replies)
-        yield b"data: [DONE]\n\n"
-
-    async def stream_chat_completions(self, uid: int, model: str, include_usage: bool,
-                                      chat: bool = True) -> AsyncIterator[bytes]:
-        """chat=True：/v1/chat/completions 的片段（delta.content）；False：/v1/completions 的片段（text）。"""
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uid}", "object": kind, "created": int(time.time()),
-                "model": model}
-        first, last = True, None
-        async for replies in self.wait_for_replies(uid):
-            frames = []  # 这次醒来拿到的每条回复一个 SSE 事件，合成一次写出
-            for ack in replies:
-                last = ack
-                if ack.finish_reason == "error":
-                    frames.append(_sse({"error": {"message": f"the server is shutting down: {self.dead}",
-                                                  "type": "server_error", "param": None, "code": None}}))
-                    yield b"".join(frames)
-                    return
-                if chat:
-                    delta: Dict[str, str] = {}
-                    if first:
-                        delta["role"] = "assistant"
-                        first = False
-                    if ack.incremental_output:
-                        delta["content"] = ack.incremental_output
-                    choice: Dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
-                else:
-                    choice = {"index": 0, "text": ack.incremental_output, "finish_reason": None}
-                frames.append(_sse({**head, "choices": [choice]}))
-            yield b"".join(frames)
-        assert last is not None and last.finished
-        end: Dict[str, Any] = {"index": 0, "delta": {}} if chat else {"index": 0, "text": ""}
-        frames = [_sse({**head, "choices": [{**end, "finish_reason": last.finish_reason}]})]
-        if include_usage:  # OpenAI 的约定：最后多一个 choices 为空、只带 usage 的片段
-            frames.append(_sse({**head, "choices": [], "usage": _usage(last)}))
-        yield b"".join(frames) + b"data: [DONE]\n\n"
-
     async def stream_with_cancellation(self, gen: AsyncIterator[bytes], request: Request,
-                                       uid: int) -> AsyncIterator[bytes]:
-        """客户端断开连接时，通知后端中止这个请求，释放它占用的 KV 缓存。"""
+                                       uids: List[int]) -> AsyncIterator[bytes]:
+        """客户端断开连接时，通知后端中止这些请求，释放它们占用的 KV 缓存。"""
         try:
             async for chunk in gen:
                 if await request.is_disconnected():
                     raise asyncio.CancelledError
                 yield chunk
         except asyncio.CancelledError:
-            asyncio.create_task(self.abort_user(uid))
+            asyncio.create_task(self.abort_users(uids))
             raise
 
-    async def collect_with_cancellation(self, uid: int, request: Request) -> Tuple[str, UserReply]:
-        """非流式：收集全部回复（文字，最后一条回复）；其间每 0.1 秒看一次客户端还在不在，断开了就中止。"""
-        async def collect() -> Tuple[str, UserReply]:
-            content, last = "", None
-            async for ack in self.wait_for_ack(uid):
-                content += ack.incremental_output
-                last = ack
-            assert last is not None and last.finished
-            return content, last
+    async def collect_with_cancellation(self, uids: List[int], request: Request) -> List[List[UserReply]]:
+        """非流式：收集每个请求的全部回复；其间每 0.1 秒看一次客户端还在不在，断开了就中止。"""
+        async def collect() -> List[List[UserReply]]:
+            out: List[List[UserReply]] = [[] for _ in uids]
+            async for replies in self.wait_for_replies(uids):
+                for i, ack in replies:
+                    out[i].append(ack)
+            return out
 
         task = asyncio.create_task(collect())
         try:
@@ -200,32 +178,32 @@ class FrontendManager:
                     raise asyncio.CancelledError
         except asyncio.CancelledError:
             task.cancel()
-            asyncio.create_task(self.abort_user(uid))
+            asyncio.create_task(self.abort_users(uids))
             raise
 
-    async def abort_user(self, uid: int) -> None:
-        await asyncio.sleep(0.1)
-        self._forget(uid)
-        logger.warning(f"Aborting request {uid}")
-        if self.dead is None:
-            await self.send_one(AbortMsg(uid=uid))
+    async def abort_users(self, uids: List[int]) -> None:
+        for uid in uids:
+            self._forget(uid)
+        if uids and self.dead is None:
+            logger.warning(f"Aborting request{'s' if len(uids) > 1 else ''} {', '.join(map(str, uids))}")
+            for uid in uids:
+                await self.send_one(AbortMsg(uid=uid))
 
     def shutdown(self) -> None:
-        self.send_tokenizer.stop()
+        for q in self.send_tokenizer:
+            q.stop()
         self.recv_tokenizer.stop()
-
-def _usage(reply: UserReply) -> Dict[str, int]:
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 _STATE: FrontendManager | None = None
 
 def create_frontend(config: ServerArgs) -> FrontendManager:
-    """在主进程里建好 API Server 的两个队列（绑定前端地址），之后再启动工作进程。"""
+    """在主进程里建好 API Server 的队列（绑定前端地址），之后再启动工作进程。"""
     global _STATE
+    max_seq_len, vocab_size = model_limits(config)
     _STATE = FrontendManager(
-        config=config,
-        send_tokenizer=ZmqAsyncPushQueue(config.zmq_tokenizer_addr, create=config.tokenizer_create_addr),
+        config=config, max_seq_len=max_seq_len, vocab_size=vocab_size,
+        send_tokenizer=[ZmqAsyncPushQueue(addr, create=config.tokenizer_create_addr)
+                        for addr in config.tokenizer_addrs],
         recv_tokenizer=ZmqAsyncPullQueue(config.zmq_frontend_addr, create=True))
     return _STATE
 
@@ -234,71 +212,226 @@ def get_state() -> FrontendManager:
     return _STATE
 
 
-class ChatMessage(BaseModel):
-    role: str
+class _Strict(BaseModel):
+    """请求体的基类：不认识的字段回 400（见 app 的错误处理）；值为 null 的字段和没给一样（OpenAI 的约定）。"""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | List[Dict[str, Any]]  # 一段文字，或 OpenAI 的 [{"type": "text", "text": ...}, ...]
+    name: str | None = None
 
-    def text(self) -> str:
+    def to_template(self) -> Dict[str, str]:
         if isinstance(self.content, str):
-            return self.content
-        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in self.content):
+            text = self.content
+        elif all(part.get("type") == "text" and isinstance(part.get("text"), str) for part in self.content):
+            text = "".join(part["text"] for part in self.content)
+        else:
             raise APIError(400, "only text content parts are supported", param="messages")
-        return "".join(part["text"] for part in self.content)
+        msg = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        return {**msg, "name": self.name} if self.name else msg
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Strict):
     include_usage: bool = False
 
-class OpenAICompletionRequest(BaseModel):
-    """/v1/chat/completions 和 /v1/completions 共用的请求体；不认识的字段忽略（OpenAI 客户端会带上很多）。"""
+class _OpenAIRequest(_Strict):
+    """OpenAI 的每个接口都有的字段：模型名，和 OpenAI 说忽略也不改变输出的几个。"""
 
-    model_config = ConfigDict(extra="ignore")
+    model: str = "default"  # 照收不误：一个服务只有一个模型，响应里写的是它的名字
+    # OpenAI 定义了、而按它自己的说明忽略也不改变输出的字段：收下，不用
+    user: str | None = None  # 终端用户的标识（OpenAI 用来监控滥用）
+    safety_identifier: str | None = None  # user 的新名字
+    metadata: Dict[str, str] | None = None  # 给 OpenAI 存下来的对话贴的标签
+    store: bool | None = None  # 要不要让 OpenAI 存下这次对话：我们从不存
+    service_tier: str | None = None  # OpenAI 的计费、排队档次
+    prompt_cache_key: str | None = None  # OpenAI 前缀缓存的路由提示：我们的前缀缓存按内容匹配，用不着
 
-    model: str = "default"
-    messages: List[ChatMessage] | None = None
-    prompt: str | List[str] | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None  # 新版 OpenAI 接口对 max_tokens 的叫法
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # 扩展字段
+class _SamplingRequest(_OpenAIRequest):
+    """两个接口共有的字段。采样参数不给（或给 null）就是 SamplingParams 的默认值，只有 temperature 用 OpenAI 的 1。"""
+
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | List[str] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float | None = None
     seed: int | None = None
-    ignore_eos: bool = False  # 扩展字段：压测时常用
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    chat_template_kwargs: Dict[str, Any] | None = None  # 例如 {"enable_thinking": false}
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: Dict[str, float] | None = None
+    # 扩展字段（SGLang、vLLM 也有；官方客户端用 extra_body 传）
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None  # 压测时常用
+    stop_token_ids: List[int] | None = None
+    # SGLang 的扩展字段：sglang-router 转发时总是带上它们的默认值（附录），而那个值说的正是我们的做法；别的值不支持
+    no_stop_trim: Literal[False] = False  # 输出里留着 stop 字符串
+    skip_special_tokens: Literal[True] = True  # 输出里去掉特殊 token
+    return_hidden_states: Literal[False] = False
 
-def _sampling_params(req: OpenAICompletionRequest, default_max_tokens: int | None) -> SamplingParams:
-    if req.n != 1:
-        raise APIError(400, f"n={req.n} is not supported: this server returns one choice per request", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) != 0:
-            raise APIError(400, f"{name} is not supported (got {getattr(req, name)})", param=name)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    kwargs: Dict[str, Any] = dict(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                                  ignore_eos=req.ignore_eos, seed=req.seed)
-    if max_tokens is not None or default_max_tokens is not None:
-        kwargs["max_tokens"] = max_tokens if max_tokens is not None else default_max_tokens
+class ChatCompletionRequest(_SamplingRequest):
+    messages: List[ChatMessage] | None = None
+    prompt: str | None = None  # 扩展：不套对话模板的纯提示词
+    max_completion_tokens: int | None = None  # 新版 OpenAI 接口对 max_tokens 的叫法
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: Dict[str, Any] | None = None  # 只认 {"type": "text"}（默认）
+    modalities: List[str] | None = None  # 只认 ["text"]（默认）
+    chat_template_kwargs: Dict[str, Any] | None = None  # 例如 {"enable_thinking": false}
+    continue_final_message: Literal[False] = False  # SGLang：接着最后一条 assistant 消息往下写
+    separate_reasoning: Literal[True] = True  # SGLang：思考内容单独放（要 --reasoning-parser；我们没有，等于不做）
+    stream_reasoning: Literal[True] = True
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | List[str] | List[int] | List[List[int]]  # 一个或几个提示词；文字，或者 token id
+    logprobs: int | None = None  # 0..5：每个 token 另给最可能的几个
+    echo: bool = False  # 回答前面带上提示词
+    best_of: int | None = None  # 只认等于 n（或不给）：从 best_of 个里挑 n 个，我们不挑
+    suffix: str | None = None  # 插在回答后面的文字（填空式补全）：不支持，给了就拒绝
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:  # 四种形状都不是时，给一句人话，而不是 pydantic 对每种形状的抱怨
+        ok = isinstance(value, str) or (isinstance(value, list) and (
+            all(isinstance(p, str) for p in value) or all(isinstance(t, int) for t in value)
+            or all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in value)))
+        if not ok:
+            raise ValueError("the prompt must be a string, a list of strings, a list of token ids (integers) or a "
+                             "list of such lists")
+        return value
+
+_SAMPLING_FIELDS = ("top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p",
+                    "repetition_penalty", "ignore_eos", "stop_token_ids")
+
+def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesRequest, max_tokens: int | None,
+                     top_logprobs: int | None, vocab_size: int) -> SamplingParams:
+    """请求 → SamplingParams（检查由它做）。top_logprobs=None：不要 logprobs。"""
+    if not 1 <= getattr(req, "n", 1) <= 128:
+        raise APIError(400, f"n={getattr(req, 'n')} is invalid: it must be in 1..128", param="n")
+    for key in getattr(req, "logit_bias", None) or {}:
+        if not (key.isdigit() and int(key) < vocab_size):
+            raise APIError(400, f"logit_bias has the key {key!r}: keys are token ids in 0..{vocab_size - 1}",
+                           param="logit_bias")
+    kwargs = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name, None) is not None}
+    kwargs.update(temperature=req.temperature, max_tokens=max_tokens)
+    if top_logprobs is not None:
+        kwargs.update(logprobs=True, top_logprobs=top_logprobs)
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:  # SamplingParams 的错误以字段名开头："top_p=0 must be in (0, 1]"
         raise APIError(400, str(e), param=str(e).split("=")[0]) from None
 
-def _stop(req: OpenAICompletionRequest) -> List[str]:
+def _stop(req: ChatCompletionRequest | CompletionRequest) -> List[str]:
     return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
 
-def _prompt(req: OpenAICompletionRequest) -> str:
-    prompt = req.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise APIError(400, f"give one prompt per request, got {len(prompt)}", param="prompt")
-        prompt = prompt[0]
-    if not prompt:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    return prompt
+def _check_stream_options(req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+
+
+def _usage(finals: List[UserReply], n: int) -> Dict[str, Any]:
+    """finals：每个回答的最后一条回复，第 p 个提示词的第 j 个回答在 p*n+j。提示词各算一次（OpenAI 的算法）；
+    命中的缓存取这个提示词的几个回答里最多的：n 个回答共用一次 prefill 时，后面几个整段命中。"""
+    groups = [finals[p:p + n] for p in range(0, len(finals), n)]
+    prompt = sum(g[0].prompt_tokens for g in groups)
+    completion = sum(r.completion_tokens for r in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(max(r.cached_tokens for r in g) for g in groups)}}
+
+def _chat_logprobs(entries: List[Dict[str, Any]] | None, top: int) -> Dict[str, Any] | None:
+    """detokenizer 给的每一项已经是对话接口的形状；top_logprobs 截到这个请求要的个数。"""
+    if entries is None:
+        return None
+    return {"content": [{**e, "top_logprobs": e["top_logprobs"][:top]} for e in entries], "refusal": None}
+
+def _completion_logprobs(entries: List[Dict[str, Any]] | None, top: int, offset: int) -> Dict[str, Any] | None:
+    """补全接口的老形状：四个并列的列表。top_logprobs 是 {token: logprob}，按 OpenAI 的说明也含选中的 token；
+    text_offset 从 offset 起按 token 的文字长度累加（和 vLLM 一样）。"""
+    if entries is None:
+        return None
+    out: Dict[str, List[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        top_map = {t["token"]: t["logprob"] for t in e["top_logprobs"][:top]}
+        top_map.setdefault(e["token"], e["logprob"])
+        for key, value in zip(out, (e["token"], e["logprob"], top_map, offset)):
+            out[key].append(value)
+        offset += len(e["token"])
+    return out
+
+@dataclass
+class _Shape:
+    """一个 HTTP 请求的回答长什么样：接口、每个提示词几个回答、top_logprobs 的个数、echo 的提示词。"""
+
+    head: Dict[str, Any]  # 每个响应、每个片段都有的 id、object、created、model
+    chat: bool
+    n: int
+    top: int
+    echo: List[str] | None = None  # 补全接口 echo=true 时：第 i 个回答前面的提示词
+
+def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE 片段：每个回答各自的增量（带着自己的 index），各自一个 finish 片段；最后是 usage（要了的话）和 [DONE]。"""
+    async def gen() -> AsyncIterator[bytes]:
+        head = {**shape.head, "object": "chat.completion.chunk" if shape.chat else "text_completion"}
+        finals: List[UserReply | None] = [None] * len(uids)
+        offsets = [len(t) for t in shape.echo] if shape.echo else [0] * len(uids)
+
+        def chunk(i: int, body: Dict[str, Any], logprobs: Any = None, finish: str | None = None) -> bytes:
+            return _sse({**head, "choices": [{"index": i, **body, "logprobs": logprobs, "finish_reason": finish}]})
+
+        frames = [chunk(i, {"delta": {"role": "assistant", "content": ""}}) for i in range(len(uids))] \
+            if shape.chat else [chunk(i, {"text": t}) for i, t in enumerate(shape.echo or [])]
+        async for replies in state.wait_for_replies(uids):
+            for i, ack in replies:
+                if ack.finish_reason == "error":
+                    frames.append(_sse({"error": {"message": f"the server is shutting down: {state.dead}",
+                                                  "type": "server_error", "param": None, "code": None}}))
+                    yield b"".join(frames)
+                    return
+                if ack.incremental_output or ack.logprobs:  # 没有新文字的回复（扣着半个字符）不发空片段
+                    if shape.chat:
+                        frames.append(chunk(i, {"delta": {"content": ack.incremental_output}},
+                                            _chat_logprobs(ack.logprobs, shape.top)))
+                    else:
+                        frames.append(chunk(i, {"text": ack.incremental_output},
+                                            _completion_logprobs(ack.logprobs, shape.top, offsets[i])))
+                        offsets[i] += sum(len(e["token"]) for e in ack.logprobs or [])
+                if ack.finished:
+                    finals[i] = ack
+                    frames.append(chunk(i, {"delta": {}} if shape.chat else {"text": ""}, finish=ack.finish_reason))
+            yield b"".join(frames)  # 这次醒来拿到的几条回复，合成一次写出
+            frames = []
+        if include_usage:  # OpenAI 的约定：最后多一个 choices 为空、只带 usage 的片段
+            frames.append(_sse({**head, "choices": [], "usage": _usage([r for r in finals if r], shape.n)}))
+        yield b"".join(frames) + b"data: [DONE]\n\n"
+
+    return gen()
+
+def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
+    """非流式的完整响应：每个回答的文字接起来，logprobs 接起来；usage 见 _usage。"""
+    choices = []
+    for i, replies in enumerate(groups):
+        last = replies[-1]
+        text = "".join(r.incremental_output for r in replies)
+        entries = None if last.logprobs is None else [e for r in replies for e in r.logprobs or []]
+        choice: Dict[str, Any] = {"index": i, "finish_reason": last.finish_reason}
+        if shape.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+            choice["logprobs"] = _chat_logprobs(entries, shape.top)
+        else:
+            echo = shape.echo[i] if shape.echo else ""
+            choice["text"] = echo + text
+            choice["logprobs"] = _completion_logprobs(entries, shape.top, len(echo))
+        choices.append(choice)
+    return {**shape.head, "object": "chat.completion" if shape.chat else "text_completion", "choices": choices,
+            "usage": _usage([g[-1] for g in groups], shape.n)}
 
 
 class APIError(Exception):
@@ -323,12 +456,17 @@ async def _api_error(request: Request, e: APIError) -> JSONResponse:
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
     """坏的 JSON、类型不对的字段：FastAPI 默认回 422 和它自己的格式；改成 OpenAI 的 400。"""
-    err = e.errors()[0]
+    errors = e.errors()
+    unknown = [err for err in errors if err.get("type") == "extra_forbidden"]  # 不认识的字段最该先说
+    err = unknown[0] if unknown else errors[0]
     if err.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', '')}").response()
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
     where = ".".join(loc) or "body"
-    return APIError(400, f"{where}: {err.get('msg')}", param=loc[0] if loc else None).response()
+    if unknown:
+        return APIError(400, f"{where} is not supported by this server", param=loc[0]).response()
+    msg = str(err.get("msg")).removeprefix("Value error, ")  # 我们自己的检查（field_validator）抛的 ValueError
+    return APIError(400, f"{where}: {msg}", param=loc[0] if loc else None).response()
 
 @app.exception_handler(HTTPException)
 async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
@@ -358,45 +496,87 @@ app.add_middleware(_CheckApiKey)
 
 
 @app.post("/v1/chat/completions")
-async def v1_chat_completions(req: OpenAICompletionRequest, request: Request):
+async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
     if req.messages:
-        text: str | List[Dict[str, str]] = [{"role": m.role, "content": m.text()} for m in req.messages]
-    elif req.prompt is not None:
-        text = _prompt(req)
+        text: str | List[Dict[str, str]] = [m.to_template() for m in req.messages]
+    elif req.prompt:
+        text = req.prompt
     else:
         raise APIError(400, "give a non-empty 'messages' list (or a 'prompt')", param="messages")
-    return await _complete(req, request, text, _sampling_params(req, None), chat=True)
+    if req.response_format not in (None, {"type": "text"}):
+        raise APIError(400, f"response_format {json.dumps(req.response_format)[:80]} is not supported: "
+                            f"only plain text output", param="response_format")
+    if req.modalities not in (None, ["text"]):
+        raise APIError(400, f"modalities={req.modalities} is not supported: only ['text']", param="modalities")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
+    return await _generate(req, request, [text], sp, chat=True)
 
 @app.post("/v1/completions")
-async def v1_completions(req: OpenAICompletionRequest, request: Request):
-    """补全接口：原样的提示词，不套对话模板；max_tokens 默认 16（OpenAI 的默认值）。"""
-    return await _complete(req, request, _prompt(req), _sampling_params(req, 16), chat=False)
-
-async def _complete(req: OpenAICompletionRequest, request: Request, text: str | List[Dict[str, str]],
-                    sp: SamplingParams, chat: bool):
+async def v1_completions(req: CompletionRequest, request: Request):
+    """补全接口：原样的提示词（一个或几个，文字或 token id），不套对话模板；max_tokens 默认 16（OpenAI 的默认值）。"""
     state = get_state()
-    uid = state.new_user()
-    await state.send_one(TokenizeMsg(uid=uid, text=text, sampling_params=sp,
-                                     chat_options=req.chat_template_kwargs or {}, stop=_stop(req)))
-    await state.first_reply(uid)
+    if req.suffix is not None:
+        raise APIError(400, "suffix is not supported: this server does not do fill-in-the-middle", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, f"best_of={req.best_of} is not supported: this server returns all n={req.n} samples "
+                            f"and does not pick the best ones", param="best_of")
+    if req.logprobs is not None and not 0 <= req.logprobs <= 5:
+        raise APIError(400, f"logprobs={req.logprobs} is invalid: it must be in 0..5", param="logprobs")
+    if req.echo and req.logprobs is not None:
+        raise APIError(400, "echo with logprobs needs the prompt's logprobs, which this server does not compute",
+                       param="echo")
+    prompts = _prompts(req.prompt, state.vocab_size)
+    if req.echo and not all(isinstance(p, str) for p in prompts):
+        raise APIError(400, "echo needs text prompts: this server does not turn token ids back into text here",
+                       param="echo")
+    sp = _sampling_params(req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs, state.vocab_size)
+    return await _generate(req, request, prompts, sp, chat=False)
+
+def _prompts(prompt: str | List[str] | List[int] | List[List[int]], vocab_size: int) -> List[str | List[int]]:
+    """补全接口的 prompt → 提示词的列表：一个字符串、几个字符串、一串 token id，或者几串 token id。"""
+    prompts: List[Any] = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) \
+        else list(prompt)
+    if not prompts or not all(prompts):
+        raise APIError(400, "the prompt is empty", param="prompt")
+    for p in prompts:
+        if not isinstance(p, str) and not all(0 <= t < vocab_size for t in p):
+            raise APIError(400, f"a token-id prompt has ids outside the vocabulary 0..{vocab_size - 1}",
+                           param="prompt")
+    return prompts
+
+async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Request,
+                    prompts: List[Any], sp: SamplingParams, chat: bool):
+    """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。"""
+    _check_stream_options(req)
+    state = get_state()
+    n = req.n
+    uids = state.new_users(len(prompts) * n)
+    options = (req.chat_template_kwargs or {}) if isinstance(req, ChatCompletionRequest) else {}
+    for k, uid in enumerate(uids):
+        p, j = divmod(k, n)
+        sp_j = sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j) % 2**63)
+        await state.send_one(TokenizeMsg(uid=uid, text=prompts[p], sampling_params=sp_j, chat_options=options,
+                                         stop=_stop(req)))
+    await state.first_replies(uids, param="messages" if chat else "prompt")
+    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uids[0]}", "created": int(time.time()),
+            "model": state.config.served_model_name}
+    top = (req.top_logprobs or 0) if isinstance(req, ChatCompletionRequest) else (req.logprobs or 0)
+    echo = [prompts[k // n] for k in range(len(uids))] if isinstance(req, CompletionRequest) and req.echo else None
+    shape = _Shape(head, chat, n, top, echo)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        gen = state.stream_chat_completions(uid, req.model, include_usage, chat=chat)
-        return StreamingResponse(state.stream_with_cancellation(gen, request, uid),
-                                 media_type="text/event-stream")
-    content, last = await state.collect_with_cancellation(uid, request)
-    if last.finish_reason == "error":
+        return StreamingResponse(state.stream_with_cancellation(_stream(state, uids, shape, include_usage),
+                                                                request, uids), media_type="text/event-stream")
+    groups = await state.collect_with_cancellation(uids, request)
+    if any(g[-1].finish_reason == "error" for g in groups):
         raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
-    choice: Dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": content}
-    else:
-        choice["text"] = content
-    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uid}", "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": req.model, "choices": [choice], "usage": _usage(last)}
+    return _response(groups, shape)
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(_Strict):
     prompt: str
     max_tokens: int = 16
     ignore_eos: bool = False
@@ -411,17 +591,33 @@ async def generate(req: GenerateRequest, request: Request):
     except ValueError as e:
         raise APIError(400, str(e), param=str(e).split("=")[0]) from None
     state = get_state()
-    uid = state.new_user()
-    await state.send_one(TokenizeMsg(uid=uid, text=req.prompt, sampling_params=sp))
-    await state.first_reply(uid)
-    return StreamingResponse(state.stream_with_cancellation(state.stream_generate(uid), request, uid),
-                             media_type="text/event-stream")
+    uids = state.new_users()
+    await state.send_one(TokenizeMsg(uid=uids[0], text=req.prompt, sampling_params=sp))
+    await state.first_replies(uids, param="prompt")
+
+    async def pieces() -> AsyncIterator[bytes]:
+        async for replies in state.wait_for_replies(uids):
+            yield b"".join(_sse(ack.incremental_output) for _, ack in replies)
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(state.stream_with_cancellation(pieces(), request, uids), media_type="text/event-stream")
+
+def _model_card(state: FrontendManager) -> Dict[str, Any]:
+    c = state.config
+    return {"id": c.served_model_name, "object": "model", "created": 0, "owned_by": "minisgl",
+            "root": str(c.model_path), "max_model_len": state.max_seq_len}
 
 @app.get("/v1/models")
 async def v1_models():
-    config = get_state().config
-    return {"object": "list", "data": [{"id": config.served_model_name, "object": "model", "created": 0,
-                                         "owned_by": "minisgl", "root": str(config.model_path)}]}
+    return {"object": "list", "data": [_model_card(get_state())]}
+
+@app.get("/v1/models/{model_id:path}")
+async def v1_model(model_id: str):
+    state = get_state()
+    if model_id != state.config.served_model_name:
+        raise APIError(404, f"the model {model_id!r} does not exist: this server serves "
+                            f"{state.config.served_model_name!r}", param="model", code="model_not_found")
+    return _model_card(state)
 
 @app.get("/health")
 async def health():
@@ -437,16 +633,110 @@ async def metrics():
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-@dataclass
-class SchedulerStats(BaseFrontendMsg):
-    """调度器 rank 0 → API Server（第 15 章加的消息）：/metrics 里只有调度器知道的数。"""
+class ResponsesRequest(_OpenAIRequest):
+    """/v1/responses 的请求：文字进、文字出。没有工具、没有推理、不存响应（所以也没有 previous_response_id）。"""
 
-    running: int  # 占着请求槽的请求（prefill 中或 decode 中）
-    waiting: int  # 还在排队
-    pages_used: int  # 运行中的请求占着的 KV 页
-    pages_cached: int  # 前缀缓存里、眼下没有请求在用的页（需要时可以淘汰）
-    pages_free: int
-    cached_tokens: int  # 附录：前缀缓存累计命中的提示词 token（这些位置不用重新 prefill）
+    input: str | List[Dict[str, Any]]  # 一句话，或者 [{"role": ..., "content": 文字或 input_text 片段}, ...]
+    instructions: str | None = None  # 放在最前面的 system 消息
+    max_output_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float | None = None
+    stream: bool = False
+    text: Dict[str, Any] | None = None  # 只认 {"format": {"type": "text"}}（默认）
+    truncation: Literal["disabled"] | None = None  # "auto" 会悄悄丢掉对话的开头：不支持
+
+    def messages(self) -> List[Dict[str, str]]:
+        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        out = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        for item in items:
+            content, role = item.get("content"), item.get("role")
+            if item.get("type", "message") != "message" or role not in ("system", "developer", "user", "assistant"):
+                raise APIError(400, f"input items must be text messages, got {json.dumps(item)[:80]}", param="input")
+            if isinstance(content, list):
+                if not all(p.get("type") in ("input_text", "output_text") and isinstance(p.get("text"), str)
+                           for p in content):
+                    raise APIError(400, "only input_text content parts are supported", param="input")
+                content = "".join(p["text"] for p in content)
+            if not isinstance(content, str):
+                raise APIError(400, "a message's content must be text", param="input")
+            out.append({"role": "system" if role == "developer" else role, "content": content})
+        return out
+
+def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, text: str | None,
+                     last: UserReply | None) -> Dict[str, Any]:
+    """Responses API 的响应对象。last 是最后一条回复：None 时是刚开始（还没有输出）。"""
+    status = "in_progress" if last is None else "incomplete" if last.finish_reason == "length" else "completed"
+    obj: Dict[str, Any] = {
+        "id": f"resp_{rid}", "object": "response", "created_at": created, "status": status, "model": model,
+        "output": [] if last is None else [_message_item(rid, text or "", "completed")],
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "temperature": req.temperature, "top_p": 1.0 if req.top_p is None else req.top_p,
+        "parallel_tool_calls": False, "tool_choice": "none", "tools": [], "store": False, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None, "usage": None}
+    if last is not None:
+        obj["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.completion_tokens,
+                        "total_tokens": last.prompt_tokens + last.completion_tokens,
+                        "input_tokens_details": {"cached_tokens": last.cached_tokens},
+                        "output_tokens_details": {"reasoning_tokens": 0}}
+    return obj
+
+def _message_item(rid: str, text: str | None, status: str) -> Dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": content}
+
+@app.post("/v1/responses")
+async def v1_responses(req: ResponsesRequest, request: Request):
+    """OpenAI 的 Responses API，文字部分：非流式一个 response 对象；流式是一串带名字的事件（event: 类型）。"""
+    if req.text not in (None, {"format": {"type": "text"}}):
+        raise APIError(400, f"text={json.dumps(req.text)[:80]} is not supported: only plain text output", param="text")
+    state = get_state()
+    sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
+    uids = state.new_users()
+    await state.send_one(TokenizeMsg(uid=uids[0], text=req.messages(), sampling_params=sp))
+    await state.first_replies(uids, param="input")
+    rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
+    if not req.stream:
+        replies = (await state.collect_with_cancellation(uids, request))[0]
+        if replies[-1].finish_reason == "error":
+            raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
+        return _response_object(req, rid, created, model, "".join(r.incremental_output for r in replies), replies[-1])
+
+    async def events() -> AsyncIterator[bytes]:
+        seq = 0
+
+        def event(kind: str, **body: Any) -> bytes:
+            nonlocal seq
+            seq += 1
+            return f"event: {kind}\n".encode() + _sse({"type": kind, "sequence_number": seq - 1, **body})
+
+        where = dict(item_id=f"msg_{rid}", output_index=0, content_index=0)
+        start = _response_object(req, rid, created, model, None, None)
+        yield (event("response.created", response=start) + event("response.in_progress", response=start)
+               + event("response.output_item.added", output_index=0, item=_message_item(rid, None, "in_progress"))
+               + event("response.content_part.added", **where,
+                       part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+        text = ""
+        async for replies in state.wait_for_replies(uids):
+            frames = []
+            for _, ack in replies:
+                if ack.finish_reason == "error":
+                    yield event("error", code="server_error", message=f"the server is shutting down: {state.dead}",
+                                param=None)
+                    return
+                if ack.incremental_output:
+                    text += ack.incremental_output
+                    frames.append(event("response.output_text.delta", **where, delta=ack.incremental_output,
+                                        logprobs=[]))
+                if ack.finished:
+                    done = _response_object(req, rid, created, model, text, ack)
+                    frames += [event("response.output_text.done", **where, text=text, logprobs=[]),
+                               event("response.content_part.done", **where, part=done["output"][0]["content"][0]),
+                               event("response.output_item.done", output_index=0, item=done["output"][0]),
+                               event(f"response.{done['status']}", response=done)]
+            yield b"".join(frames)
+
+    return StreamingResponse(state.stream_with_cancellation(events(), request, uids), media_type="text/event-stream")
+
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # 秒
 
@@ -454,7 +744,7 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # �
 class Metrics:
     """/metrics 的数：调度器最近一次推来的 SchedulerStats，加上 API Server 自己数的 token 和延迟。"""
 
-    stats: SchedulerStats = field(default_factory=lambda: SchedulerStats(0, 0, 0, 0, 0, 0))
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
     finished: Dict[str, int] = field(default_factory=dict)  # finish_reason → 请求数
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -483,11 +773,15 @@ class Metrics:
         def metric(name: str, kind: str, doc: str, samples: List[str]) -> None:
             out.extend([f"# HELP minisgl_{name} {doc}", f"# TYPE minisgl_{name} {kind}", *samples])
 
-        for name, value, doc in [("num_running_requests", s.running, "Requests holding a slot"),
-                                 ("num_waiting_requests", s.waiting, "Requests waiting for a slot"),
-                                 ("kv_pages_used", s.pages_used, "KV pages owned by running requests"),
-                                 ("kv_pages_cached", s.pages_cached, "KV pages held by the prefix cache only"),
-                                 ("kv_pages_free", s.pages_free, "KV pages on the free list")]:
+        for name, value, doc in [
+                ("num_running_requests", s.running, "Requests holding a slot (prefilling or decoding)"),
+                ("num_waiting_requests", s.waiting, "Requests waiting for a slot"),
+                ("kv_pages_used", s.pages_used, "KV pages in use by running requests (their own and the cached "
+                                                "prefix pages they share)"),
+                ("kv_pages_cached", s.pages_cached, "KV pages held only by the prefix cache (evictable)"),
+                ("kv_pages_free", s.pages_free, "KV pages on the free list (used + cached + free = all pages)"),
+                ("kv_pages_reserved", s.pages_reserved, "Free or evictable KV pages promised to running requests "
+                                                        "for their future tokens")]:
             metric(name, "gauge", doc, [f"minisgl_{name} {value}"])
         metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests",
                [f"minisgl_prompt_tokens_total {self.prompt_tokens}"])
@@ -550,7 +844,8 @@ async def get_server_info():
                 max_total_num_tokens=(s.pages_used + s.pages_cached + s.pages_free) * config.page_size)
     info["internal_states"] = [{"num_running_reqs": s.running, "num_waiting_reqs": s.waiting,
                                 "kv_pages_used": s.pages_used, "kv_pages_cached": s.pages_cached,
-                                "kv_pages_free": s.pages_free, "cached_tokens": s.cached_tokens,
+                                "kv_pages_free": s.pages_free, "kv_pages_reserved": s.pages_reserved,
+                                "cached_tokens": s.cached_tokens,
                                 "prompt_tokens": m.prompt_tokens, "generation_tokens": m.generation_tokens}]
     info["version"] = __version__
     return info

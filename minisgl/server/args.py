@@ -10,7 +10,8 @@ from typing import Any, List, NoReturn, Tuple
 
 from minisgl.distributed import DistributedInfo, free_tcp_address
 from minisgl.scheduler import SchedulerConfig
-from minisgl.utils.hf import resolve_model_path
+from minisgl.utils import pick_device
+from minisgl.utils.hf import load_hf_config, resolve_model_path
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,15 @@ class ServerArgs(SchedulerConfig):
 
     @property
     def tokenizer_create_addr(self) -> bool:
-        """有单独的 tokenizer 进程时，API Server 绑定 tokenizer 地址、它们去连（PUSH 轮流分给它们）。"""
+        """有单独的 tokenizer 进程时，API Server 绑定它们的地址、它们去连；没有时 detokenizer 绑定、API Server 去连。"""
         return self.num_tokenizer > 0
+
+    @property
+    def tokenizer_addrs(self) -> List[str]:
+        """API Server → 分词进程：每个 tokenizer 一个地址，同一个请求的消息总走同一个（--num-tokenizer 0 时是 detokenizer）。"""
+        if self.num_tokenizer == 0:
+            return [self.zmq_detokenizer_addr or ""]
+        return [f"{self.zmq_tokenizer_addr}-{i}" for i in range(self.num_tokenizer)]
 
     @property
     def served_model_name(self) -> str:
@@ -64,6 +72,16 @@ class ServerArgs(SchedulerConfig):
         assert self.dist_init_addr is not None
         host, port = self.dist_init_addr.removeprefix("tcp://").rsplit(":", 1)
         return host, int(port)
+
+
+def model_limits(args: ServerArgs) -> Tuple[int, int]:
+    """(上下文长度, 词表大小)。上下文和引擎算的一样（第 8 章）：模型的 max_position_embeddings 和
+    --max-seq-len-override 取小的。分词进程和 API Server 用它们在请求进入调度器之前检查。"""
+    from minisgl.models import ModelConfig
+
+    mc = ModelConfig.from_hf(load_hf_config(args.model_path))
+    limit = mc.max_position_embeddings
+    return min(args.max_seq_len_override or limit, limit), mc.vocab_size
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,8 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--attn", "--attention-backend", default=_default("attention_backend"))
     add("--cache", "--cache-type", default=_default("cache_type"), help="radix / naive")
     add("--cuda-graph-max-bs", "--graph", type=int, default=_default("cuda_graph_max_bs"))
-    add("--num-tokenizer", "--tokenizer-count", type=int, default=_default("num_tokenizer"))
-    add("--memory-ratio", type=float, default=_default("memory_ratio"))
+    add("--num-tokenizer", "--tokenizer-count", type=int, default=_default("num_tokenizer"),
+        help="单独的分词进程数（0：detokenizer 兼做分词）")
+    add("--num-threads", type=int, default=None,
+        help="每个调度器进程（TP rank）的 torch CPU 线程数；默认 GPU 上 1，CPU 上是本进程可用的核数 ÷ 本机的 rank 数")
+    add("--memory-ratio", type=float, default=None,
+        help=f"GPU：权重 + KV 池最多占显存的比例（默认 {_default('memory_ratio')}）；CPU 上不适用，给了就报错")
+    add("--cpu-kv-memory-mb", type=int, default=None,
+        help=f"CPU：KV 池的大小（MiB，默认 {_default('cpu_kv_memory_mb')}）；GPU 上不适用，给了就报错")
+    add("--dummy-weight", action="store_true",
+        help="不读权重文件，按模型的配置随机初始化（测速度、测显存用）")
     add("--disable-overlap-scheduling", action="store_true")
     add("--shell", "--shell-mode", action="store_true", help="在终端里对话，不起 HTTP 服务")
     add("--api-key", default=None)
@@ -125,11 +151,24 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
         if ns.tp < 1:
             raise ValueError(f"--tp {ns.tp} is invalid: it must be >= 1")
         host, port = _dist_addr(ns.dist_init_addr) if ns.dist_init_addr is not None else ("", 0)
+        if ns.num_threads is not None and ns.num_threads < 1:
+            raise ValueError(f"--num-threads {ns.num_threads} is invalid: it must be >= 1")
+        if ns.memory_ratio is not None or ns.cpu_kv_memory_mb is not None:  # 只在一种设备上有意义：另一种上给了就说
+            gpu = pick_device(ns.device).type == "cuda"
+            if ns.memory_ratio is not None and not gpu:
+                raise ValueError("--memory-ratio applies on a GPU only: on the CPU the KV pool's size is "
+                                 "--cpu-kv-memory-mb (or --num-pages)")
+            if ns.cpu_kv_memory_mb is not None and gpu:
+                raise ValueError("--cpu-kv-memory-mb applies on the CPU only: on a GPU the KV pool's size is "
+                                 "--memory-ratio (or --num-pages)")
         model_path = resolve_model_path(ns.model)
         detokenizer = _zmq_addr(1)
         return ServerArgs(
             model_path=model_path, tp_info=DistributedInfo(0, ns.tp), dtype=ns.dtype, device=ns.device,
-            page_size=ns.page_size, num_pages=ns.num_pages, memory_ratio=ns.memory_ratio,
+            page_size=ns.page_size, num_pages=ns.num_pages,
+            memory_ratio=_default("memory_ratio") if ns.memory_ratio is None else ns.memory_ratio,
+            cpu_kv_memory_mb=_default("cpu_kv_memory_mb") if ns.cpu_kv_memory_mb is None else ns.cpu_kv_memory_mb,
+            num_threads=ns.num_threads, use_dummy_weight=ns.dummy_weight,
             max_running_req=1 if shell else ns.max_running_requests,  # 交互模式只有一个用户
             max_seq_len_override=ns.max_seq_len_override, attention_backend=ns.attn,
             cuda_graph_max_bs=min(ns.cuda_graph_max_bs, 1) if shell else ns.cuda_graph_max_bs,

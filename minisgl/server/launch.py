@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch15_server.ipynb and ch16_scale.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch15_server.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
 import asyncio
@@ -15,14 +15,16 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List
 
 import psutil
+import torch
 
 from minisgl.distributed import DistributedInfo
+from minisgl.message import SchedulerStats
 from minisgl.scheduler import Scheduler
 from minisgl.utils import init_logger, pick_device
-from minisgl.utils.mp import ZmqPushQueue
+from minisgl.utils.mp import ZmqPushQueue, watch_parent
 
-from .api_server import FrontendManager, SchedulerStats, app, create_frontend
-from .args import ServerArgs, parse_args
+from .api_server import FrontendManager, app, create_frontend
+from .args import ServerArgs, model_limits, parse_args
 
 logger = init_logger(__name__)
 
@@ -44,10 +46,10 @@ class ServingScheduler(Scheduler):
 
     def stats(self) -> SchedulerStats:
         c = self.cache
-        free, cached = len(c.free_pages), c.prefix_cache.size_info.total_size // c.page_size
+        free, cached = len(c.free_pages), c.prefix_cache.size_info.evictable_size // c.page_size
         return SchedulerStats(running=len(self.running), waiting=len(self.prefill.pending),
                               pages_used=c.num_pages - free - cached, pages_cached=cached, pages_free=free,
-                              cached_tokens=c.hit_tokens)
+                              pages_reserved=c.reserved, cached_tokens=c.hit_tokens)
 
     def push_stats(self) -> None:
         if self._stats_queue is None:
@@ -68,11 +70,21 @@ class ServingScheduler(Scheduler):
             self._stats_queue.stop()
         super().shutdown()
 
-def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
-    import torch
+def _num_threads(args: ServerArgs) -> int | None:
+    """调度器进程的 torch 线程数：--num-threads；没给就是 GPU 上 1，CPU 上本进程能用的核平分给本机的 rank。
+    没给 --num-threads 而设了 OMP_NUM_THREADS 时听它的（None：引擎不动线程数）。"""
+    if args.num_threads is not None:
+        return args.num_threads
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    if pick_device(args.device).type == "cuda":
+        return 1  # 模型在 GPU 上算，这个进程的 CPU 只拼小张量：多余的 OpenMP 线程只会空转着抢核
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // (args.tp_info.size // args.nnodes))
 
-    if pick_device(args.device).type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)  # GPU 上这个进程的 CPU 只拼小张量：多余的 OpenMP 线程只会空转着抢核
+def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
+    watch_parent()  # 启动器被 kill -9 时跟着退出（第 12 章）
+    args = replace(args, num_threads=_num_threads(args))  # 引擎按它设 torch 的线程数
     with torch.inference_mode():
         scheduler = ServingScheduler(args)
         scheduler.sync_all_ranks()  # 所有 rank 都初始化完（包括 ZMQ 订阅）再开始
@@ -112,11 +124,12 @@ def start_backend(server_args: ServerArgs, links: List[NodeLink] | None = None) 
         return procs
     n = server_args.num_tokenizer
     common = dict(tokenizer_path=str(server_args.model_path), backend_addr=server_args.zmq_backend_addr,
-                  frontend_addr=server_args.zmq_frontend_addr, local_bs=1, ack_queue=ack_queue)
+                  frontend_addr=server_args.zmq_frontend_addr, local_bs=1, ack_queue=ack_queue,
+                  max_seq_len=model_limits(server_args)[0])  # 放不下的请求在分词时就拒绝（第 13 章）
     start("minisgl-detokenizer", tokenize_worker, **common, addr=server_args.zmq_detokenizer_addr,
           create=True, tokenizer_id=n, wait_for_info=n > 0)  # token 先于登记到达时等登记（第 13 章）
     for i in range(n):  # 单独的 tokenizer 把 stop 字符串和提示词长度告诉 detokenizer（第 13 章）
-        start(f"minisgl-tokenizer-{i}", tokenize_worker, **common, addr=server_args.zmq_tokenizer_addr,
+        start(f"minisgl-tokenizer-{i}", tokenize_worker, **common, addr=server_args.tokenizer_addrs[i],
               create=False, tokenizer_id=i, detokenizer_addr=server_args.zmq_detokenizer_addr)
     deadline = time.monotonic() + STARTUP_TIMEOUT
     for _ in range(n + 2):  # rank 0 调度器 + n 个 tokenizer + 1 个 detokenizer
@@ -212,6 +225,7 @@ def exit_code(run: Callable[[], int]) -> int:
 def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int:
     """python -m minisgl 的入口：解析参数、绑定前端队列、拉起工作进程、起 HTTP 服务（或交互 shell）。返回退出码。"""
     args = parse_args(sys.argv[1:] if argv is None else argv, run_shell=run_shell)
+    torch.set_num_threads(1)  # 这个进程只收发 HTTP 和消息：不让 torch 的线程和调度器抢核
     signal.signal(signal.SIGTERM, _interrupt)
     if args.node_rank > 0:
         return serve_node(args)  # 其他节点：只有本节点的调度器 rank，没有 API Server 和分词进程

@@ -5,12 +5,14 @@ import multiprocessing as mp
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
+import torch
+
 from minisgl.message import (AbortBackendMsg, AbortMsg, BaseBackendMsg, BaseFrontendMsg, BaseTokenizerMsg,
                              BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg, DetokenizeInfoMsg, DetokenizeMsg,
                              TokenizeMsg, UserReply)
 from minisgl.utils import init_logger
 from minisgl.utils.hf import load_tokenizer
-from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, watch_parent
 
 from .detokenize import DetokenizeManager
 from .tokenize import TokenizeManager
@@ -29,14 +31,16 @@ class TokenizerLoop:
     """一个分词进程对一批消息做的事，不碰套接字。
 
     to_detokenizer=False：这个进程自己反分词（--num-tokenizer 0 时唯一的进程，或者 N > 0 时的 detokenizer）；
-    True：单独的 tokenizer 进程，反分词要用的信息和中止请求转给 detokenizer。
+    True：单独的 tokenizer 进程，反分词要用的信息转给 detokenizer。
     wait_for_info=True：N > 0 时的 detokenizer。每个请求的登记都会从 tokenizer 来，但和 token 走的是两条路，
     谁先到没有保证：登记之前到达的 token 先存着，登记一到再按顺序解码。
+    max_seq_len：见 TokenizeManager。
     """
 
-    def __init__(self, tokenizer: Any, to_detokenizer: bool = False, wait_for_info: bool = False) -> None:
+    def __init__(self, tokenizer: Any, to_detokenizer: bool = False, wait_for_info: bool = False,
+                 max_seq_len: int | None = None) -> None:
         assert not (to_detokenizer and wait_for_info), "a tokenizer that forwards registrations gets none itself"
-        self.tokenize_manager = TokenizeManager(tokenizer)
+        self.tokenize_manager = TokenizeManager(tokenizer, max_seq_len)
         self.detokenize_manager = DetokenizeManager(tokenizer)
         self.to_detokenizer = to_detokenizer
         self.wait_for_info = wait_for_info
@@ -57,11 +61,12 @@ class TokenizerLoop:
                 for early in self.early.pop(msg.uid, []):
                     self._detokenize(early, out)
             elif isinstance(msg, AbortMsg):
-                if self.to_detokenizer:  # 由 detokenizer 忘掉状态、通知调度器：和它收到的登记消息同一条路
+                if not self.wait_for_info:  # 调度器的中止由分词的进程发：和这个请求的 UserMsg 同一条路，不会抢先
+                    out.backend.append(AbortBackendMsg(uid=msg.uid))
+                if self.to_detokenizer:  # detokenizer 忘掉状态：和它收到的登记消息也是同一条路
                     out.detokenizer.append(msg)
                 else:
                     self.detokenize_manager.abort(msg.uid)
-                    out.backend.append(AbortBackendMsg(uid=msg.uid))
             else:
                 raise TypeError(f"a tokenizer process cannot handle {type(msg).__name__}")
         return out
@@ -77,9 +82,9 @@ class TokenizerLoop:
     def _tokenize(self, msg: TokenizeMsg, out: Outbox) -> None:
         try:
             user = self.tokenize_manager.tokenize(msg)
-        except Exception as e:  # 一个坏请求不能拖垮整个进程：结束它，接着服务别人
-            logger.warning(f"request {msg.uid}: cannot tokenize it: {e}")
-            reply = UserReply(uid=msg.uid, incremental_output="", finished=True, finish_reason="abort")
+        except Exception as e:  # 一个坏请求不能拖垮整个进程：结束它（原因告诉客户端），接着服务别人
+            logger.warning(f"request {msg.uid} refused: {e}")
+            reply = UserReply(uid=msg.uid, incremental_output="", finished=True, finish_reason="abort", error=str(e))
             out.frontend.append(reply)
             return
         info = DetokenizeInfoMsg(uid=msg.uid, prompt_tokens=len(user.input_ids), stop=list(msg.stop))
@@ -100,13 +105,16 @@ def _batch(msgs: List[Any], batch_cls: type) -> Any:
 
 def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addr: str,
                     local_bs: int = 1, tokenizer_id: int = 0, ack_queue: mp.Queue | None = None,
-                    detokenizer_addr: str | None = None, wait_for_info: bool = False) -> None:
+                    detokenizer_addr: str | None = None, wait_for_info: bool = False,
+                    max_seq_len: int | None = None) -> None:
     """一个分词进程的主循环：从 addr 收消息，UserMsg / AbortBackendMsg 发给调度器，UserReply 发给 API Server。
 
     detokenizer_addr=None：这个进程自己反分词；否则它是单独的 tokenizer，把登记信息和中止请求转到那里。
     wait_for_info：这个进程是有单独 tokenizer 时的 detokenizer，每个请求的 token 都等它的登记（见 TokenizerLoop）。
-    local_bs：凑够这么多条消息（或者队列空了）再处理一批。
+    local_bs：凑够这么多条消息（或者队列空了）再处理一批。max_seq_len：服务的上下文长度（见 TokenizeManager）。
     """
+    watch_parent()  # 启动器被 kill -9 时也跟着退出（第 12 章）
+    torch.set_num_threads(1)  # 分词不用 torch 算什么：别让它的线程和调度器抢核
     if local_bs < 1:
         raise ValueError(f"local_bs must be >= 1, got {local_bs}")
     recv: ZmqPullQueue[BaseTokenizerMsg] = ZmqPullQueue(addr, create=create)
@@ -114,7 +122,7 @@ def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_add
     send_frontend: ZmqPushQueue[BaseFrontendMsg] = ZmqPushQueue(frontend_addr, create=False)
     send_detokenizer = None if detokenizer_addr is None else ZmqPushQueue(detokenizer_addr, create=False)
     loop = TokenizerLoop(load_tokenizer(tokenizer_path), to_detokenizer=send_detokenizer is not None,
-                         wait_for_info=wait_for_info)
+                         wait_for_info=wait_for_info, max_seq_len=max_seq_len)
     role = "tokenizer" if send_detokenizer is not None else "detokenizer"
     if ack_queue is not None:
         ack_queue.put(f"Tokenizer {tokenizer_id} ({role}) is ready")

@@ -9,10 +9,14 @@ from minisgl.message import TokenizeMsg, UserMsg
 
 
 class TokenizeManager:
-    """文字 → token：提示词直接分词；对话消息先套模型的对话模板。"""
+    """文字 → token：提示词直接分词；对话消息先套模型的对话模板；token id 原样用。
 
-    def __init__(self, tokenizer: Any) -> None:
+    max_seq_len：服务的上下文长度（第 15 章的启动器给出）。给了就在这里拒绝放不下的请求，说清楚差多少。
+    """
+
+    def __init__(self, tokenizer: Any, max_seq_len: int | None = None) -> None:
         self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
 
     def render(self, text: str | List[Dict[str, str]], chat_options: Dict[str, Any] | None = None) -> str:
         if isinstance(text, str):
@@ -25,15 +29,24 @@ class TokenizeManager:
         assert isinstance(prompt, str), type(prompt)
         return prompt
 
-    def encode(self, text: str | List[Dict[str, str]],
+    def encode(self, text: str | List[Dict[str, str]] | List[int],
                chat_options: Dict[str, Any] | None = None) -> List[int]:
+        if isinstance(text, list) and all(isinstance(t, int) for t in text):
+            return list(text)  # 客户端已经分好词了（/v1/completions 的 token id 提示词）
         # 模板渲染出来的文字里已经有 BOS 之类的特殊 token，不能再加一遍；纯提示词按分词器的默认规则加
-        prompt = self.render(text, chat_options)
+        prompt = self.render(text, chat_options)  # type: ignore[arg-type]
         return self.tokenizer.encode(prompt, add_special_tokens=isinstance(text, str))
 
     def tokenize(self, msg: TokenizeMsg) -> UserMsg:
         ids = self.encode(msg.text, msg.chat_options)
         if not ids:
             raise ValueError(f"request {msg.uid}: the prompt is empty after tokenization")
+        n, limit, max_tokens = len(ids), self.max_seq_len, msg.sampling_params.max_tokens
+        if limit is not None and n >= limit:
+            raise ValueError(f"the prompt has {n} tokens; this server's context is {limit} tokens "
+                             f"(prompt and output together), so a prompt may have at most {limit - 1}")
+        if limit is not None and max_tokens is not None and max_tokens > limit - n:
+            raise ValueError(f"max_tokens={max_tokens} is too large: the prompt has {n} tokens and the context "
+                             f"is {limit}, so at most {limit - n} tokens can be generated")
         input_ids = torch.tensor(ids, dtype=torch.int32)  # [L]，CPU
         return UserMsg(uid=msg.uid, input_ids=input_ids, sampling_params=msg.sampling_params)

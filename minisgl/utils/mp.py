@@ -1,6 +1,10 @@
 # Tangled from book/chapters/ch12_message_zmq.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import threading
+import time
 from typing import Any, Callable, Generic, Tuple, TypeVar
 
 import zmq
@@ -114,3 +118,16 @@ class ZmqAsyncPullQueue(_ZmqSocket, Generic[T]):
 
     async def get(self) -> T:
         return self.decode(await self.socket.recv())
+
+
+def watch_parent(interval: float = 0.5) -> None:
+    """在工作进程的主函数开头调用：启动它的进程不在了（哪怕是被 kill -9），这个进程也在 interval 秒内退出。"""
+    parent = mp.parent_process()
+    ppid = parent.pid if parent is not None else os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == ppid:  # 父进程一死，子进程就被过继出去，父进程号随之改变
+            time.sleep(interval)
+        os._exit(1)  # 不做任何清理：要清理的东西（GPU 显存、套接字）进程一结束操作系统都会收回
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable, List, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 
 def encode_event(data: str) -> bytes:
@@ -72,3 +72,22 @@ def read_openai_stream(chunks: Iterable[bytes]) -> Tuple[str, str | None]:
             if choice.get("finish_reason") is not None:
                 reason = choice["finish_reason"]
     return "".join(text), reason
+
+
+def read_choices(chunks: Iterable[bytes]) -> List[Tuple[str, str | None]]:
+    """读完一个 n > 1 的 OpenAI 流：每个回答的 (全文, finish_reason)，按 index 排。"""
+    parser = SSEParser()
+    texts: Dict[int, List[str]] = {}
+    reasons: Dict[int, str | None] = {}
+    for chunk in chunks:
+        for data in parser.feed(chunk):
+            if data == "[DONE]":
+                return [("".join(texts.get(i, [])), reasons.get(i)) for i in range(max(texts, default=-1) + 1)]
+            obj = json.loads(data)
+            for choice in obj.get("choices") or []:
+                i = choice["index"]
+                if reasons.get(i) is not None:
+                    raise ValueError(f"choice {i} has a chunk after its finish_reason")
+                texts.setdefault(i, []).append(choice.get("delta", {}).get("content") or "")
+                reasons[i] = choice.get("finish_reason")
+    return [("".join(texts.get(i, [])), reasons.get(i)) for i in range(max(texts, default=-1) + 1)]

@@ -32,3 +32,8 @@ class SSEParser:
 def read_openai_stream(chunks: Iterable[bytes]) -> Tuple[str, str | None]:
     """读完一个 OpenAI 流：(拼起来的 delta.content, 最后的 finish_reason)。"""
     raise NotImplementedError("实现 read_openai_stream")
+
+
+def read_choices(chunks: Iterable[bytes]) -> List[Tuple[str, str | None]]:
+    """读完一个 n > 1 的 OpenAI 流：每个回答的 (全文, finish_reason)，按 index 排。"""
+    raise NotImplementedError("实现 read_choices")

@@ -5,7 +5,7 @@ import json
 import random
 from typing import List
 
-from solution import SSEParser, encode_chunk, encode_event, read_openai_stream
+from solution import SSEParser, encode_chunk, encode_event, read_choices, read_openai_stream
 
 TEXTS = ["北京", "烤鸭🦆", " is", "\n\n", "great!", "", " 👋🏽", "a: b", " two  spaces", "data: x"]
 
@@ -73,3 +73,36 @@ def test_read_openai_stream() -> None:
         raw += encode_event(json.dumps({"choices": [], "usage": {"completion_tokens": len(parts)}}))
         raw += encode_event("[DONE]") + b"data: {not json after DONE}\n\n"
         assert read_openai_stream(split(raw, rng)) == ("".join(parts), "length"), f"seed {seed}"
+
+
+def choice_chunk(i: int, text: str, finish_reason: str | None) -> bytes:
+    delta = {"content": text} if text else {}
+    return encode_event(json.dumps({"choices": [{"index": i, "delta": delta, "finish_reason": finish_reason}]},
+                                   ensure_ascii=False))
+
+
+def test_read_choices_interleaved() -> None:
+    for seed in range(50):
+        rng = random.Random(seed)
+        n = rng.randint(1, 4)
+        answers = [[rng.choice(TEXTS) for _ in range(rng.randint(0, 6))] for _ in range(n)]
+        reasons = [rng.choice(["stop", "length"]) for _ in range(n)]
+        queues = [[choice_chunk(i, t, None) for t in a] + [choice_chunk(i, "", reasons[i])]
+                  for i, a in enumerate(answers)]
+        raw = b""
+        while any(queues):  # 随机交错，每个回答内部保持顺序
+            q = rng.choice([q for q in queues if q])
+            raw += q.pop(0)
+        raw += encode_event(json.dumps({"choices": [], "usage": {}})) + encode_event("[DONE]")
+        assert read_choices(split(raw, rng)) == [("".join(a), r) for a, r in zip(answers, reasons)], f"seed {seed}"
+
+
+def test_read_choices_rejects_a_chunk_after_finish() -> None:
+    raw = (choice_chunk(0, "a", None) + choice_chunk(1, "", "stop") + choice_chunk(1, "late", None)
+           + encode_event("[DONE]"))
+    try:
+        read_choices([raw])
+    except ValueError as e:
+        assert "1" in str(e)
+    else:
+        raise AssertionError("a chunk after choice 1's finish_reason was accepted")
