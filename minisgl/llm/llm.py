@@ -23,15 +23,12 @@ class LLM(Scheduler):
         self.tokenizer = load_tokenizer(path)
         self._outputs: Dict[int, List[int]] = {}
         self._done: Dict[int, str] = {}
-        self._cached: Dict[int, int] = {}
         self._next_uid = 0
 
     def send_result(self, replies: List[DetokenizeMsg]) -> None:
         for r in replies:
             if r.next_token >= 0:
                 self._outputs[r.uid].append(r.next_token)
-            if r.cached_tokens:
-                self._cached[r.uid] = r.cached_tokens
             if r.finished:
                 self._done[r.uid] = r.finish_reason or "stop"
 
@@ -40,8 +37,7 @@ class LLM(Scheduler):
                  use_tqdm: bool = True) -> List[Dict[str, Any]]:
         """prompts：一个或一组（字符串或 token id 列表）；sampling_params：一个（所有请求共用）或每个请求一个。
 
-        返回每个请求一个 {"text", "token_ids", "finish_reason", "cached_tokens"}，顺序与 prompts 相同；
-        cached_tokens 是提示词里命中前缀缓存、没有重新 prefill 的 token 数。
+        返回每个请求一个 {"text", "token_ids", "finish_reason"}，顺序与 prompts 相同。
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -75,5 +71,5 @@ class LLM(Scheduler):
         for uid in uids:
             ids = self._outputs.pop(uid)
             results.append({"text": self.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
-                            "finish_reason": self._done.pop(uid), "cached_tokens": self._cached.pop(uid, 0)})
+                            "finish_reason": self._done.pop(uid)})
         return results

@@ -175,8 +175,7 @@ class Scheduler(SchedulerIOMixin):
                 continue
             req.append_host(token)
             reason = self._finish_reason(req, token)
-            replies.append(DetokenizeMsg(req.uid, token, reason is not None, reason,
-                                         cached_tokens=self._first_hit.pop(req.uid, 0)))
+            replies.append(DetokenizeMsg(req.uid, token, reason is not None, reason))
             if reason is not None:
                 self._finish(req)
             elif req.uid not in self.decode.running:  # prefill 刚算完
