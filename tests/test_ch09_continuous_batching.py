@@ -175,11 +175,14 @@ def test_llm_api(tiny_qwen3) -> None:
                        use_tqdm=False)
     assert text[0]["token_ids"] == ids[0]["token_ids"] and len(ids[0]["token_ids"]) == 5
     assert text[0]["text"] == llm.tokenizer.decode(ids[0]["token_ids"], skip_special_tokens=True)
+    again = [llm.generate([list(range(300, 320))], SamplingParams(max_tokens=2), use_tqdm=False)[0] for _ in range(2)]
+    assert [o["cached_tokens"] for o in again] == [0, 19]  # 第二次：提示词除了最后一个 token 都在缓存里
     first = ids[0]["token_ids"][0]
     stopped = llm.generate([[1, 2, 3], llm.tokenizer.encode("Hello")],
                            [SamplingParams(max_tokens=3), SamplingParams(max_tokens=9, stop_token_ids=[first])],
                            use_tqdm=False)
-    assert stopped[1] == {"text": stopped[1]["text"], "token_ids": [first], "finish_reason": "stop"}
+    assert stopped[1] == {"text": stopped[1]["text"], "token_ids": [first], "finish_reason": "stop",
+                          "cached_tokens": stopped[1]["cached_tokens"]}
     with pytest.raises(ValueError, match="2 prompts but 1 sampling_params"):
         llm.generate([[1], [2]], [SamplingParams()])
     llm.shutdown()

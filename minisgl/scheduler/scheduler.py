@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch14_multiprocess.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch09_continuous_batching.ipynb and ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch14_multiprocess.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,7 +7,7 @@ from typing import Dict, List, NamedTuple, Set
 import torch
 
 from minisgl.core import Batch, Req
-from minisgl.engine import Engine, ForwardOutput
+from minisgl.engine import Engine, ForwardOutput, LogprobsOutput
 from minisgl.message import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, DetokenizeMsg, ExitMsg, UserMsg
 from minisgl.utils import init_logger
 
@@ -34,6 +34,20 @@ def schedule_policy(prefill: PrefillManager, decode: DecodeManager, cache: Cache
     if not running:
         return batch
     return Batch(running + batch.reqs, "prefill")
+
+
+def make_reply(req: Req, token: int, reason: str | None, cached_tokens: int, logprobs: LogprobsOutput | None,
+               row: int) -> DetokenizeMsg:
+    """一个新 token 的回复。请求要了 logprobs 时带上它这一行的对数概率（第 8 章的引擎算好、已经在 CPU 上）。"""
+    msg = DetokenizeMsg(req.uid, token, reason is not None, reason, cached_tokens=cached_tokens)
+    sp = req.sampling_params
+    if sp.logprobs:
+        assert logprobs is not None, f"request {req.uid} asked for logprobs but the engine computed none"
+        msg.logprob = float(logprobs.token_logprobs[row])
+        if sp.top_logprobs:
+            msg.top_ids = logprobs.top_ids[row, :sp.top_logprobs].tolist()
+            msg.top_logprobs = logprobs.top_logprobs[row, :sp.top_logprobs].tolist()
+    return msg
 
 
 class Scheduler(SchedulerIOMixin):
@@ -165,7 +179,8 @@ class Scheduler(SchedulerIOMixin):
         if step.out.copy_done_event is not None:
             step.out.copy_done_event.synchronize()
         replies = []
-        for req, token, has_token in zip(step.batch.reqs, step.out.next_tokens_cpu.tolist(), step.has_token):
+        tokens = step.out.next_tokens_cpu.tolist()
+        for row, (req, token, has_token) in enumerate(zip(step.batch.reqs, tokens, step.has_token)):
             if req.uid in self._deferred:  # 已经结束：这一步的 token 丢掉；它不在飞行中的那一步里了，就释放
                 if req.uid not in self._in_flight:
                     self._release(self._deferred.pop(req.uid))
@@ -175,7 +190,7 @@ class Scheduler(SchedulerIOMixin):
                 continue
             req.append_host(token)
             reason = self._finish_reason(req, token)
-            replies.append(DetokenizeMsg(req.uid, token, reason is not None, reason))
+            replies.append(make_reply(req, token, reason, self._first_hit.pop(req.uid, 0), step.out.logprobs, row))
             if reason is not None:
                 self._finish(req)
             elif req.uid not in self.decode.running:  # prefill 刚算完
