@@ -6,6 +6,8 @@ with random weights in the Qwen3-0.6B config, at larger sizes).
     python benchmarks/bench_features.py prefix [--quick]       # radix vs naive prefix cache, multi-turn chat
     python benchmarks/bench_features.py chunked [--quick]      # decode gaps while long prompts arrive, chunked or not
     python benchmarks/bench_features.py overlap [--quick]      # overlap scheduling on vs off, decode-heavy
+    python benchmarks/bench_features.py shared [--quick]       # one long system prompt, N requests arriving together
+    python benchmarks/bench_features.py admission [--quick]    # chat outputs of unknown length: estimate vs reserve
     python benchmarks/bench_features.py chunked --gpu           # any of them on cuda (Qwen3-0.6B config, random bf16)
 
 Each subcommand prints one small table. Token times come from LLM.send_result (overridden to timestamp each
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisgl from 
 
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
-from minisgl.message import UserMsg  # noqa: E402
+from minisgl.message import AbortBackendMsg, UserMsg  # noqa: E402
 from minisgl.utils.hf import default_model_path, load_tokenizer  # noqa: E402
 
 
@@ -41,6 +43,8 @@ class TimedLLM(LLM):
         self.times: Dict[int, List[float]] = {}  # uid -> perf_counter of each output token
         self.submitted: Dict[int, float] = {}
         self.steps = {"prefill": 0, "decode": 0}
+        self.prefill_tokens = 0  # tokens sent through the model for requests still in prefill
+        self.batch_sizes: List[int] = []  # requests in each launched batch
         self.step_secs: List[float] = []  # wall time of each step (drive() only)
         self.overlap: bool | None = None  # drive(): None = as configured, else force overlap on / off
 
@@ -53,6 +57,8 @@ class TimedLLM(LLM):
 
     def launch(self, batch):
         self.steps[batch.phase] += 1
+        self.prefill_tokens += sum(r.extend_len for r in batch.reqs if r.uid not in self.decode.running)
+        self.batch_sizes.append(batch.size)
         return super().launch(batch)
 
     def one_step(self) -> bool:
@@ -274,6 +280,130 @@ def cmd_overlap(args) -> None:
           f"are the same cores, so there is no idle device time for overlap to fill)")
 
 
+# ---------------------------------------------------------------------------------------------- shared
+def cmd_shared(args) -> None:
+    """N requests sharing one long system prompt arrive together. 'at finish' emulates the scheduler that inserts a
+    request's pages into the radix cache only when it finishes (and never waits for a sharer): every request admitted
+    while the first one runs recomputes the system prompt."""
+    import minisgl.scheduler.prefill as prefill
+
+    # budget: with 8192 on CPU all 8 requests would be admitted in the first step, and only waiting would help
+    n, sys_len, out, budget = (4, 300, 4, 512) if args.quick else (256, 1000, 32, 8192) if RUN["gpu"] else \
+        (8, 1000, 16, 2048)
+    tok = load_tokenizer(RUN["model"] or default_model_path())
+    words = ("scheduler radix cache page prefill decode token batch overlap chunk kernel attention rotary tensor "
+             "sampling stream request engine model weights").split()
+    rng = random.Random(0)
+    system = tok.encode(" ".join(rng.choice(words) for _ in range(2 * sys_len)), add_special_tokens=False)[:sys_len]
+    questions = [tok.encode(f" Question {i}: what is {rng.choice(words)} number {rng.randint(0, 999)}?",
+                            add_special_tokens=False) for i in range(n)]
+    sp = SamplingParams(ignore_eos=True, max_tokens=out)
+    rows = []
+    for mode in ("at finish", "after prefill", "after prefill + wait"):
+        llm = make_llm(cache_type="radix", max_extend_tokens=budget)
+        llm.cache.flush()
+        saved = prefill.MAX_WAIT_STEPS
+        if mode != "after prefill + wait":
+            prefill.MAX_WAIT_STEPS = 0  # nobody waits for a sharer
+        if mode == "at finish":
+            llm.cache.cache_prompt = lambda req: None  # the pages stay the request's until it finishes
+        try:
+            llm.prefill_tokens = 0
+            h0 = llm.cache.hit_tokens
+            uids = [llm.submit(system + q, sp) for q in questions]
+            t0 = time.perf_counter()
+            while not all(llm.done(u) for u in uids):
+                llm.drive()
+            secs = time.perf_counter() - t0
+            while llm.drive():
+                pass
+        finally:
+            prefill.MAX_WAIT_STEPS = saved
+        ttft = [llm.times[u][0] - t0 for u in uids]
+        rows.append((mode, llm.prefill_tokens, llm.cache.hit_tokens - h0, statistics.median(ttft), max(ttft), secs))
+        llm.shutdown()
+        del llm
+    print(f"\nshared system prompt: {n} requests arrive together, each = the same {len(system)}-token system prompt "
+          f"+ a distinct {min(map(len, questions))}-{max(map(len, questions))}-token question, {out} output tokens "
+          f"(ignore_eos); at most {budget} prefill tokens a step (max_extend_tokens); the radix cache starts empty; "
+          f"{RUN['label']}, overlap "
+          f"{'on' if RUN['overlap'] is not False else 'off'}")
+    print(f"{'prompt pages enter the cache':<28} {'prefill tokens':>14} {'cache hits':>10} {'TTFT p50 ms':>11} "
+          f"{'TTFT max ms':>11} {'seconds':>8}")
+    for mode, ptok, hits, p50, mx, secs in rows:
+        print(f"{mode:<28} {ptok:>14} {hits:>10} {p50 * 1000:>11.0f} {mx * 1000:>11.0f} {secs:>8.2f}")
+
+
+# ---------------------------------------------------------------------------------------------- admission
+class StopAt(TimedLLM):
+    """Each request ends at a length the scheduler cannot foresee: when it has produced `stop_at[uid]` tokens the
+    request is aborted before the next step, as the detokenizer does when it sees a stop string."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.stop_at: Dict[int, int] = {}
+        self._to_abort: List[int] = []
+        self.running_sizes: List[int] = []
+
+    def send_result(self, replies) -> None:
+        super().send_result(replies)
+        for r in replies:
+            if not r.finished and len(self._outputs[r.uid]) == self.stop_at.get(r.uid, -1):
+                self._to_abort.append(r.uid)
+
+    def run_step(self) -> bool:
+        for uid in self._to_abort:
+            self.receive_msg(AbortBackendMsg(uid))
+        self._to_abort.clear()
+        self.running_sizes.append(len(self.running))
+        return super().run_step()
+
+
+def cmd_admission(args) -> None:
+    n, lo, hi, ctx, pool = (24, 100, 300, 1024, 4096) if args.quick else \
+        (1024, 100, 300, 4096, 64 * 4096) if RUN["gpu"] else (32, 100, 300, 1024, 8192)
+    tok = load_tokenizer(RUN["model"] or default_model_path())
+    rng = random.Random(0)
+    topics = ["paged KV cache", "radix trees", "chunked prefill", "CUDA graphs", "overlap scheduling",
+              "tensor parallelism", "sampling", "RoPE", "continuous batching", "prefix caching"]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Explain {rng.choice(topics)} in detail, "
+                                         f"with example {rng.randint(0, 99)}."}],
+                                       add_generation_prompt=True, tokenize=True) for _ in range(n)]
+    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+    lengths = [rng.randint(lo, hi) for _ in range(n)]
+    page = 16
+    rows = []
+    for admission in ("reserve", "optimistic"):
+        gc.collect()
+        llm = StopAt(RUN["model"], device=RUN["device"], page_size=page, num_pages=pool // page,
+                     max_seq_len_override=ctx, max_running_req=256, admission=admission,
+                     **({} if RUN["overlap"] is None else {"enable_overlap": RUN["overlap"]}))
+        llm.generate(["Warm up: the quick brown fox"], SamplingParams(max_tokens=8), use_tqdm=False)
+        llm.running_sizes.clear()
+        llm.prefill_tokens = 0
+        sps = [SamplingParams(ignore_eos=True, max_tokens=10**6) for _ in prompts]  # 10**6: the rest of the context
+        llm.stop_at = {llm._next_uid + i: k for i, k in enumerate(lengths)}
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sps, use_tqdm=False)
+        secs = time.perf_counter() - t0
+        assert [len(o["token_ids"]) for o in outs] == lengths
+        busy = [k for k in llm.running_sizes if k]
+        rows.append((admission, sum(lengths), secs, statistics.mean(busy), max(busy), llm.num_retracted,
+                     llm.prefill_tokens))
+        llm.shutdown()
+        del llm
+    print(f"\nadmission: {n} chat requests ({min(map(len, prompts))}-{max(map(len, prompts))}-token prompts), "
+          f"max_tokens unset (the rest of a {ctx}-token context), each ends after {lo}-{hi} tokens at a stop string "
+          f"the scheduler cannot foresee; KV pool {pool} tokens (pages of {page}); {RUN['label']}, overlap "
+          f"{'on' if RUN['overlap'] is not False else 'off'}")
+    print(f"{'admission':<10} {'tokens':>6} {'seconds':>8} {'tokens/s':>9} {'mean running':>12} {'max running':>11} "
+          f"{'retractions':>11} {'prefill tokens':>14}")
+    for adm, tokens, secs, mean, most, retracted, ptok in rows:
+        print(f"{adm:<10} {tokens:>6} {secs:>8.2f} {tokens / secs:>9.1f} {mean:>12.1f} {most:>11} {retracted:>11} "
+              f"{ptok:>14}")
+    print(f"optimistic / reserve throughput: {rows[0][2] / rows[1][2]:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -281,7 +411,9 @@ def main() -> None:
     for name, fn, help_ in [("continuous", cmd_continuous, "continuous vs static batching"),
                             ("prefix", cmd_prefix, "radix vs naive prefix cache on multi-turn chat"),
                             ("chunked", cmd_chunked, "decode gaps while long prompts arrive"),
-                            ("overlap", cmd_overlap, "overlap scheduling on vs off")]:
+                            ("overlap", cmd_overlap, "overlap scheduling on vs off"),
+                            ("shared", cmd_shared, "one long system prompt shared by requests arriving together"),
+                            ("admission", cmd_admission, "estimated vs whole-life admission, outputs of unknown length")]:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--quick", action="store_true", help="smaller sizes")
         p.add_argument("--gpu", action="store_true", help="cuda, random weights in the Qwen3-0.6B config, larger sizes")

@@ -193,3 +193,146 @@ def collecting_scheduler(config):
             return done
 
     return Collect()
+
+
+class RetractionRig:
+    """反复撤回的性质测试：一个很小的 KV 池（正好装下一个 max_seq_len 的请求），接纳的估计调到最乐观（只按已知的
+    token 接纳），于是几乎每个场景都要撤回；共享 4 个 token 就让请求等一等，好让"等共享前缀"也混进来。参照答案是
+    同一个调度器上每个请求单独跑出的 token。"""
+
+    MAX_LEN = 48
+
+    def __init__(self, path, page_size: int, **config) -> None:
+        import minisgl.scheduler.prefill as prefill
+        from minisgl.scheduler import SchedulerConfig
+
+        self._prefill = prefill
+        self._saved = (prefill.INIT_TOKEN_RATIO, prefill.MIN_TOKEN_RATIO, prefill.SHARE_TOKENS)
+        prefill.INIT_TOKEN_RATIO = prefill.MIN_TOKEN_RATIO = 0.0
+        prefill.SHARE_TOKENS = 4
+        self.s = collecting_scheduler(SchedulerConfig(path, device="cpu", page_size=page_size,
+                                                      num_pages=self.MAX_LEN // page_size, max_running_req=6,
+                                                      max_seq_len_override=self.MAX_LEN, **config))
+        self._alone = {}
+        self.retracted = 0
+
+    def close(self) -> None:
+        self._prefill.INIT_TOKEN_RATIO, self._prefill.MIN_TOKEN_RATIO, self._prefill.SHARE_TOKENS = self._saved
+        self.s.shutdown()
+
+    def _drive(self, overlap: bool) -> bool:
+        return self.s.overlap_step() if overlap else self.s.step()
+
+    def alone(self, ids, max_tokens: int):
+        """这个请求单独跑（池子里没有别的请求）生成的 token。"""
+        key = (tuple(ids), max_tokens)
+        if key not in self._alone:
+            from minisgl.core import SamplingParams
+            from minisgl.message import UserMsg
+
+            s, uid = self.s, -1 - len(self._alone)
+            seen = len(s.replies)
+            s.receive_msg(UserMsg(uid, torch.tensor(ids, dtype=torch.int32),
+                                  SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+            while s.step():
+                pass
+            self._alone[key] = [r.next_token for r in s.replies[seen:] if r.uid == uid and r.next_token >= 0]
+            del s.replies[seen:]
+        return self._alone[key]
+
+    def run(self, scenario, overlap: bool = False, budget: int = 8192) -> None:
+        """按场景提交、中止请求，一步步跑完；每一步之后检查页的账。然后：每个请求恰好结束一次、结束后没有 token；
+        没被中止的与单独运行逐 token 相同，被中止的是它的前缀；槽和页全部回来。"""
+        import random
+        from dataclasses import replace
+
+        from minisgl.core import SamplingParams
+        from minisgl.message import AbortBackendMsg, UserMsg
+
+        s, L = self.s, self.MAX_LEN
+        s.config = replace(s.config, max_extend_tokens=budget)
+        rng = random.Random(scenario["seed"])
+        prefixes = [[rng.randrange(100, 5000) for _ in range(rng.randint(8, 20))] for _ in range(2)]
+        reqs = []
+        for r in scenario["reqs"]:
+            ids = (prefixes[r["prefix"] - 1] if r["prefix"] else []) + [rng.randrange(100, 5000) for _ in range(r["tail"])]
+            ids = ids[:L - 1]
+            limit = L - len(ids) if r["max_tokens"] is None else min(r["max_tokens"], L - len(ids))
+            ref = self.alone(ids, limit)
+            stop = ref[r["pick"] % len(ref)] if r["stop"] != "none" else None
+            if r["stop"] == "token":  # 停止 token：单独运行时在它第一次出现处停下
+                ref = ref[:ref.index(stop) + 1]
+            sp = SamplingParams(max_tokens=10**6 if r["max_tokens"] is None else r["max_tokens"], ignore_eos=True,
+                                stop_token_ids=[stop] if r["stop"] == "token" else [])  # 10**6：截到上下文的上限
+            reqs.append(dict(r, ids=ids, sp=sp, ref=ref, trigger=stop if r["stop"] == "string" else None))
+        base, seen, step = s.num_retracted, len(s.replies), 0
+        last_event = max(max(r["arrive"], r["abort"] or 0) for r in reqs)
+        with torch.inference_mode():
+            while True:
+                for uid, r in enumerate(reqs):
+                    if r["arrive"] == step:
+                        s.receive_msg(UserMsg(uid, torch.tensor(r["ids"], dtype=torch.int32), r["sp"]))
+                    if r["abort"] == step:
+                        s.receive_msg(AbortBackendMsg(uid))
+                busy = self._drive(overlap)
+                s.cache.check_integrity()
+                for m in s.replies[seen:]:  # "停止词"：反分词进程看到它就发中止（这里在下一步之前发）
+                    if m.next_token >= 0 and m.next_token == reqs[m.uid]["trigger"]:
+                        s.receive_msg(AbortBackendMsg(m.uid))
+                seen = len(s.replies)
+                step += 1
+                if not busy and step > last_event:
+                    break
+        got = {uid: [] for uid in range(len(reqs))}
+        done = {}
+        for m in s.replies:
+            if m.uid < 0:
+                continue
+            assert m.uid not in done, f"request {m.uid} got a reply after it finished"
+            if m.next_token >= 0:
+                got[m.uid].append(m.next_token)
+            if m.finished:
+                done[m.uid] = m.finish_reason
+        s.replies.clear()
+        assert sorted(done) == list(range(len(reqs))), f"unfinished: {set(range(len(reqs))) - set(done)}"
+        for uid, r in enumerate(reqs):
+            ref = r["ref"]
+            if done[uid] == "abort":
+                assert got[uid] == ref[:len(got[uid])], (uid, got[uid], ref)
+            else:
+                assert got[uid] == ref, (uid, done[uid], got[uid], ref)
+        assert not s.running and s.table.num_free == s.table.max_running_req
+        s.cache.flush()
+        assert len(s.cache.free_pages) == s.cache.num_pages, "flushing the cache frees every page"
+        self.retracted += s.num_retracted - base
+
+
+def retraction_scenarios():
+    """hypothesis 的策略：2–7 个请求，提示词长短不一（一半共享两个前缀之一），max_tokens 给或不给，在随机的步
+    到达、被中止；有的带停止 token，有的带"停止词"（看到某个 token 就被中止，像反分词进程那样）。"""
+    from hypothesis import strategies as st
+
+    req = st.fixed_dictionaries(dict(
+        prefix=st.integers(0, 2), tail=st.integers(1, 16), max_tokens=st.one_of(st.none(), st.integers(1, 40)),
+        arrive=st.integers(0, 12), abort=st.one_of(st.none(), st.integers(0, 60)),
+        stop=st.sampled_from(["none", "none", "token", "string"]), pick=st.integers(0, 99)))
+    return st.fixed_dictionaries(dict(seed=st.integers(0, 2**16), reqs=st.lists(req, min_size=2, max_size=6)))
+
+
+def check_retraction(path, page_size: int, max_examples: int, overlaps=(False,), budgets=(8192,)) -> None:
+    """在 max_examples 个随机场景上跑 RetractionRig.run，最后要求确实撤回过。"""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    rig = RetractionRig(path, page_size)
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None)
+    @given(retraction_scenarios(), st.sampled_from(overlaps), st.sampled_from(budgets))
+    def run(scenario, overlap, budget) -> None:
+        rig.run(scenario, overlap, budget)
+
+    try:
+        run()
+        assert rig.retracted > 0, "the scenarios never ran the pool dry"
+    finally:
+        rig.close()

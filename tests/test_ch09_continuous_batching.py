@@ -1,13 +1,15 @@
 # Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
-"""第 9 章：一起提交的请求与单独运行逐 token 相同；资源全部回来；接纳不超额；过长的请求被拒绝；中止不泄漏。"""
+"""第 9 章：一起提交的请求与单独运行逐 token 相同；资源全部回来；按估计接纳、页不够时撤回，结果不变；
+前缀在 prefill 算完时就能命中；过长的请求被拒绝；中止不泄漏。"""
 import pytest
 import torch
 
-from conftest import NUM_REQUESTS, check_batched, collecting_scheduler, mixed_workload
+from conftest import NUM_REQUESTS, check_batched, check_retraction, collecting_scheduler, mixed_workload
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg, BatchBackendMsg, UserMsg
 from minisgl.scheduler import SchedulerConfig
+from minisgl.scheduler.prefill import MAX_WAIT_STEPS
 
 
 @pytest.mark.parametrize("fixture,cache_type,page_size", [
@@ -18,22 +20,113 @@ def test_batched_equals_alone(fixture: str, cache_type: str, page_size: int, ref
     check_batched(path, *mixed_workload(n=n), reference(path, n), page_size=page_size, cache_type=cache_type)
 
 
-def user(uid: int, n: int, max_tokens: int) -> UserMsg:
-    return UserMsg(uid, torch.arange(100, 100 + n, dtype=torch.int32),
+def user(uid: int, n: int, max_tokens: int, first: int = 100) -> UserMsg:
+    return UserMsg(uid, torch.arange(first, first + n, dtype=torch.int32),
                    SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
-def test_admission_never_overcommits(tiny_qwen3) -> None:
-    """池子只有 40 页（页大小 4）：每个请求一生要 ⌈(20+60)/4⌉ = 20 页，同时最多两个。"""
-    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=40, max_running_req=8,
-                                max_seq_len_override=128))
-    s.receive_msg(BatchBackendMsg([user(i, 20, 60) for i in range(5)]))
+def run_admission(path, admission: str):
+    """池子 40 页（页大小 4）；6 个请求各要 16 + 60 个 token。返回（每个请求的 token、同时运行的最大请求数、撤回次数）。"""
+    s = collecting_scheduler(SchedulerConfig(path, device="cpu", page_size=4, num_pages=40, max_running_req=8,
+                                             max_seq_len_override=128, admission=admission))
+    s.receive_msg(BatchBackendMsg([user(i, 16, 60, first=100 + 50 * i) for i in range(6)]))
+    most = 0
     with torch.inference_mode():
         while s.step():
             s.cache.check_integrity()
-            assert len(s.running) <= 2 and s.cache.reserved <= 40
-    assert s.finished() == {i: "length" for i in range(5)}
-    assert s.table.num_free == 8
+            most = max(most, len(s.running))
+    assert s.finished() == {i: "length" for i in range(6)} and s.table.num_free == 8
+    tokens = {i: [r.next_token for r in s.replies if r.uid == i] for i in range(6)}
+    s.shutdown()
+    return tokens, most, s.num_retracted
+
+
+def test_reserve_never_overcommits_and_optimistic_retracts(tiny_qwen3) -> None:
+    """reserve：每个请求一生要 ⌈(16+60)/4⌉ = 19 页，同时最多两个，从不撤回。optimistic：第一批跑了一阵、估计的
+    比例降下来以后接纳得更多，池子不够时撤回，生成的 token 一个不差。"""
+    reserved, most_reserved, retracted = run_admission(tiny_qwen3, "reserve")
+    assert most_reserved == 2 and retracted == 0
+    optimistic, most, retracted = run_admission(tiny_qwen3, "optimistic")
+    assert most > 2 and retracted > 0
+    assert optimistic == reserved
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_retraction_property(tiny_qwen3, page_size: int) -> None:
+    check_retraction(tiny_qwen3, page_size, max_examples=5)
+
+
+def test_prefix_is_shared_while_the_first_request_decodes(tiny_qwen3) -> None:
+    """A 还在 decode 时到达的 B 就命中 A 的提示词：prefill 一算完，提示词的整页就插进了缓存。"""
+    system = list(range(1000, 1040))  # 40 个 token = 10 页
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=4,
+                                             max_seq_len_override=128))
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    s.receive_msg(UserMsg(0, torch.tensor(system + [7, 8, 9], dtype=torch.int32), sp))
+    with torch.inference_mode():
+        s.step()
+        s.step()  # A 在 decode
+        assert 0 in s.decode.running
+        s.receive_msg(UserMsg(1, torch.tensor(system + [5, 6], dtype=torch.int32), sp))
+        while s.step():
+            s.cache.check_integrity()
+    first = {r.uid: r.cached_tokens for r in s.replies if r.cached_tokens}
+    assert first == {1: 40}, first
+    s.shutdown()
+
+
+def test_requests_sharing_a_prefix_wait_for_one_to_compute_it(tiny_qwen3) -> None:
+    """三个共享 64 个 token 前缀的请求一起到达：只有一个去算这个前缀，另外两个等一步，然后命中缓存。"""
+    system = list(range(2000, 2064))
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=1, num_pages=512, max_running_req=4,
+                                             max_seq_len_override=128))
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    s.receive_msg(BatchBackendMsg([UserMsg(i, torch.tensor(system + [10 + i], dtype=torch.int32), sp)
+                                   for i in range(3)]))
+    with torch.inference_mode():
+        batch = s.schedule_next_batch()
+        assert [r.uid for r in batch.reqs] == [0]  # 1、2 等着
+        s.process(batch, s.launch(batch))
+        while s.step():
+            pass
+    assert {r.uid: r.cached_tokens for r in s.replies if r.cached_tokens} == {1: 64, 2: 64}
+    assert s.cache.hit_tokens == 128
+    s.shutdown()
+
+
+def test_waiting_for_a_shared_prefix_is_bounded(tiny_qwen3) -> None:
+    """A 接纳了、还没算（这一步的 prefill 没提交）：共享它前缀的 B 每一步都让，但最多让 MAX_WAIT_STEPS 步。"""
+    system = list(range(2000, 2064))
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=1, num_pages=512, max_running_req=4,
+                                             max_seq_len_override=128))
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    s.receive_msg(UserMsg(0, torch.tensor(system + [1], dtype=torch.int32), sp))
+    assert [r.uid for r in s.schedule_next_batch().reqs] == [0]
+    s.receive_msg(UserMsg(1, torch.tensor(system + [2], dtype=torch.int32), sp))
+    for _ in range(MAX_WAIT_STEPS):
+        assert s.schedule_next_batch() is None  # B 在等 A 的前缀进缓存
+    assert [r.uid for r in s.schedule_next_batch().reqs] == [1]  # 等够了：自己算
+    s.abort_request(0)
+    s.abort_request(1)
+    s.cache.check_integrity()
+    assert s.table.num_free == 4 and not s.running
+    s.shutdown()
+
+
+def test_page_counts(tiny_qwen3) -> None:
+    """/metrics 的三个数：cached 只数没有运行中的请求在用的缓存页；运行中的请求锁住的缓存页算 used。"""
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=64, max_running_req=4,
+                                             max_seq_len_override=128))
+    with torch.inference_mode():
+        s.receive_msg(user(0, 40, 4))
+        while s.step():
+            pass
+        counts = s.cache.page_counts()
+        assert counts == (0, 10, 54), counts  # 40 + 4 个 token，有 K/V 的 43 个：10 整页留在缓存里
+        s.receive_msg(user(1, 41, 4))  # 同样的 40 个 token 开头：命中 10 页并锁住
+        s.step()
+        used, cached, free = s.cache.page_counts()
+        assert cached == 0 and used == 10 + 1 and free == 53 and used + cached + free == 64
     s.shutdown()
 
 
@@ -64,6 +157,8 @@ def test_requests_that_cannot_fit_are_refused(tiny_qwen3) -> None:
         llm.generate([list(range(200))])
     out = llm.generate([list(range(100, 200))], SamplingParams(max_tokens=100, ignore_eos=True), use_tqdm=False)
     assert out[0]["finish_reason"] == "length" and len(out[0]["token_ids"]) == 128 - 100  # 截到装得下的长度
+    out = llm.generate([list(range(100, 120))], SamplingParams(ignore_eos=True), use_tqdm=False)
+    assert len(out[0]["token_ids"]) == 128 - 20  # 没给 max_tokens：一直生成到上下文用完
     s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=32, max_seq_len_override=128))
     s.receive_msg(user(7, 130, 4))  # 服务路径：立刻以 abort 结束，不会挂在队列里
     assert s.finished() == {7: "abort"} and not s.step()
@@ -80,11 +175,14 @@ def test_llm_api(tiny_qwen3) -> None:
                        use_tqdm=False)
     assert text[0]["token_ids"] == ids[0]["token_ids"] and len(ids[0]["token_ids"]) == 5
     assert text[0]["text"] == llm.tokenizer.decode(ids[0]["token_ids"], skip_special_tokens=True)
+    again = [llm.generate([list(range(300, 320))], SamplingParams(max_tokens=2), use_tqdm=False)[0] for _ in range(2)]
+    assert [o["cached_tokens"] for o in again] == [0, 19]  # 第二次：提示词除了最后一个 token 都在缓存里
     first = ids[0]["token_ids"][0]
     stopped = llm.generate([[1, 2, 3], llm.tokenizer.encode("Hello")],
                            [SamplingParams(max_tokens=3), SamplingParams(max_tokens=9, stop_token_ids=[first])],
                            use_tqdm=False)
-    assert stopped[1] == {"text": stopped[1]["text"], "token_ids": [first], "finish_reason": "stop"}
+    assert stopped[1] == {"text": stopped[1]["text"], "token_ids": [first], "finish_reason": "stop",
+                          "cached_tokens": stopped[1]["cached_tokens"]}
     with pytest.raises(ValueError, match="2 prompts but 1 sampling_params"):
         llm.generate([[1], [2]], [SamplingParams()])
     llm.shutdown()

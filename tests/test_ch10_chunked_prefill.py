@@ -1,11 +1,12 @@
 # Tangled from book/chapters/ch10_chunked_prefill.ipynb — edit the notebook, not this file.
-"""第 10 章：分块预填充与混合批——结果与单独运行相同；块不超过预算；decode 每步前进；中止分块中的请求不泄漏。"""
+"""第 10 章：分块预填充与混合批——结果与单独运行相同；块不超过预算；decode 每步前进；中止分块中的请求不泄漏；
+分块时撤回、等共享前缀都不出错。"""
 from typing import List
 
 import pytest
 import torch
 
-from conftest import NUM_REQUESTS, check_batched, generate_alone, mixed_workload
+from conftest import NUM_REQUESTS, check_batched, check_retraction, generate_alone, mixed_workload
 from minisgl.core import Batch, SamplingParams
 from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
@@ -82,3 +83,25 @@ def test_prefix_hit_inside_a_chunk(tiny_qwen3) -> None:
     got = llm.generate([other], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
     assert llm.cache.hit_tokens == 37 and got[0]["token_ids"] == alone[0]
     llm.shutdown()
+
+def test_retraction_with_chunks(tiny_qwen3) -> None:
+    """预算 8 或 16 个 token：几乎每个提示词都要切块，分块中的请求也会被撤回。"""
+    check_retraction(tiny_qwen3, 4, max_examples=5, budgets=(8, 16))
+
+
+def test_shared_prefix_hit_after_the_chunks(tiny_qwen3) -> None:
+    """A 的提示词切成 10 块；共享它前 64 个 token 的 B 一起到达：A 分块时预算全给了 A，B 等到 A 算完插进缓存，
+    再命中这 64 个 token。"""
+    system = list(range(3000, 3160))  # 160 个 token：预算 16 时 A 要算 10 步
+    s = Recorder(SchedulerConfig(tiny_qwen3, device="cpu", page_size=1, num_pages=512, max_running_req=4,
+                                 max_seq_len_override=256, max_extend_tokens=16))
+    sp = SamplingParams(max_tokens=2, ignore_eos=True)
+    s.receive_msg(UserMsg(0, torch.tensor(system, dtype=torch.int32), sp))
+    s.receive_msg(UserMsg(1, torch.tensor(system[:64] + [5, 6], dtype=torch.int32), sp))
+    with torch.inference_mode():
+        while s.step():
+            s.cache.check_integrity()
+    first_b = next(i for i, (_, reqs) in enumerate(s.batches) if 1 in dict(reqs))
+    assert first_b == 10 and dict(s.batches[first_b][1])[1] == 2  # 66 个 token 只算了最后 2 个
+    assert [r.cached_tokens for r in s.replies if r.uid == 1][0] == 64
+    s.shutdown()

@@ -1,11 +1,12 @@
 # Tangled from book/chapters/ch11_overlap.ipynb — edit the notebook, not this file.
-"""第 11 章：所有调度组合下结果与单独运行相同；五种状态下的中止不泄漏、不重复释放。"""
+"""第 11 章：所有调度组合下结果与单独运行相同；五种状态下的中止不泄漏、不重复释放；重叠时反复撤回也不丢 token。"""
 import itertools
 
 import pytest
 import torch
 
-from conftest import NUM_REQUESTS, check_batched, collecting_scheduler, generate_alone, mixed_workload
+from conftest import (NUM_REQUESTS, RetractionRig, check_batched, check_retraction, collecting_scheduler,
+                      generate_alone, mixed_workload)
 from minisgl.core import SamplingParams
 from minisgl.message import UserMsg
 from minisgl.scheduler import SchedulerConfig
@@ -99,3 +100,36 @@ def test_abort_in_every_state(tiny_qwen3, overlap: bool) -> None:
     s.cache.flush()
     assert len(s.cache.free_pages) == 512
     s.shutdown()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_retraction_with_overlap(tiny_qwen3, page_size: int) -> None:
+    """反复撤回的性质测试（第 9 章的 RetractionRig），重叠开和关、分块和不分块都混在里面：被撤回的请求可能正在
+    飞行中的那一步里，可能在分块，可能被中止、碰到停止 token 或"停止词"。"""
+    check_retraction(tiny_qwen3, page_size, max_examples=6, overlaps=(False, True), budgets=(8, 8192))
+
+
+def test_abort_a_retracted_request(tiny_qwen3) -> None:
+    """重叠开：撤回的请求回到队首；在那里中止它，它恰好收到一个 "abort"，之前发出的 token 不重发、不丢；
+    其余请求与单独运行相同。"""
+    rig = RetractionRig(tiny_qwen3, page_size=4)
+    s = rig.s
+    prompts = [list(range(200 + 30 * i, 212 + 30 * i)) for i in range(4)]
+    refs = [rig.alone(p, 30) for p in prompts]
+    for uid, p in enumerate(prompts):
+        s.receive_msg(UserMsg(uid, torch.tensor(p, dtype=torch.int32), SamplingParams(max_tokens=30, ignore_eos=True)))
+    with torch.inference_mode():
+        while not s.num_retracted:
+            s.overlap_step()
+            s.cache.check_integrity()
+        victim = s.prefill.pending[0]
+        assert victim.num_outputs > 0  # 撤回时它已经生成过 token
+        s.abort_request(victim.uid)
+        while s.overlap_step():
+            s.cache.check_integrity()
+    got = {uid: [r.next_token for r in s.replies if r.uid == uid and r.next_token >= 0] for uid in range(4)}
+    assert s.finished() == {uid: "abort" if uid == victim.uid else "length" for uid in range(4)}
+    assert got[victim.uid] == refs[victim.uid][:victim.num_outputs]
+    assert all(got[u] == refs[u] for u in range(4) if u != victim.uid)
+    assert not s.running and not s._deferred and s.table.num_free == s.table.max_running_req
+    rig.close()

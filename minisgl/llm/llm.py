@@ -1,7 +1,7 @@
 # Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 from tqdm.auto import tqdm
@@ -23,12 +23,21 @@ class LLM(Scheduler):
         self.tokenizer = load_tokenizer(path)
         self._outputs: Dict[int, List[int]] = {}
         self._done: Dict[int, str] = {}
+        self._cached: Dict[int, int] = {}
+        self._logprobs: Dict[int, List[float]] = {}
+        self._top: Dict[int, List[List[Tuple[int, float]]]] = {}
         self._next_uid = 0
 
     def send_result(self, replies: List[DetokenizeMsg]) -> None:
         for r in replies:
             if r.next_token >= 0:
                 self._outputs[r.uid].append(r.next_token)
+            if r.cached_tokens:
+                self._cached[r.uid] = r.cached_tokens
+            if r.logprob is not None:
+                self._logprobs.setdefault(r.uid, []).append(r.logprob)
+            if r.top_ids is not None:
+                self._top.setdefault(r.uid, []).append(list(zip(r.top_ids, r.top_logprobs)))
             if r.finished:
                 self._done[r.uid] = r.finish_reason or "stop"
 
@@ -37,7 +46,9 @@ class LLM(Scheduler):
                  use_tqdm: bool = True) -> List[Dict[str, Any]]:
         """prompts：一个或一组（字符串或 token id 列表）；sampling_params：一个（所有请求共用）或每个请求一个。
 
-        返回每个请求一个 {"text", "token_ids", "finish_reason"}，顺序与 prompts 相同。
+        返回每个请求一个 {"text", "token_ids", "finish_reason", "cached_tokens"}，顺序与 prompts 相同；
+        cached_tokens 是提示词里命中前缀缓存、没有重新 prefill 的 token 数。要了 logprobs 的请求还有 "logprobs"
+        （每个 token 的对数概率），top_logprobs > 0 时还有 "top_logprobs"（每个 token 一个 [(id, logprob), ...]）。
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -70,6 +81,11 @@ class LLM(Scheduler):
         results = []
         for uid in uids:
             ids = self._outputs.pop(uid)
-            results.append({"text": self.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
-                            "finish_reason": self._done.pop(uid)})
+            out = {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
+                   "finish_reason": self._done.pop(uid), "cached_tokens": self._cached.pop(uid, 0)}
+            if uid in self._logprobs:
+                out["logprobs"] = self._logprobs.pop(uid)
+            if uid in self._top:
+                out["top_logprobs"] = self._top.pop(uid)
+            results.append(out)
         return results

@@ -5,17 +5,21 @@ import hashlib
 import multiprocessing as mp
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Callable, List
+from typing import TYPE_CHECKING, Callable, Dict, List
 
 import torch
 import torch.distributed as dist
 
 from minisgl.distributed import DistributedInfo, free_tcp_address
-from minisgl.message import BatchTokenizerMsg, DetokenizeMsg
+from minisgl.message import BatchTokenizerMsg, DetokenizeMsg, SchedulerStats
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
+    from minisgl.core import Req
+
+    from .cache import CacheManager
     from .config import SchedulerConfig
+    from .prefill import PrefillManager
     from .scheduler import Scheduler
 
 logger = init_logger(__name__)
@@ -28,8 +32,11 @@ class SchedulerIOMixin:
     """调度器进程的收发：rank 0 从 tokenizer 收消息、把结果发给 detokenizer；TP > 1 时 rank 0 把收到的每条消息
     原样转发（PUB）给其他 rank（SUB），并广播"这一步有几条"——所有 rank 每一步处理完全相同的消息。"""
 
-    config: SchedulerConfig  # 以下由 Scheduler 提供：config、exiting、has_work、receive_msg、run_step、shutdown
-    exiting: bool
+    config: SchedulerConfig  # 以下由 Scheduler 提供：config、exiting、has_work、receive_msg、run_step、shutdown，
+    exiting: bool  # 以及 stats 数的 cache、prefill、running
+    cache: CacheManager
+    prefill: PrefillManager
+    running: Dict[int, Req]
     _cpu_group: dist.ProcessGroup | None = None
     _recv = _send = _pub = _sub = None  # 没有 init_io（离线的 LLM）时都是 None
 
@@ -112,6 +119,14 @@ class SchedulerIOMixin:
         t = torch.tensor([n], dtype=torch.int64)
         dist.broadcast(t, src=0, group=self._cpu_group)
         return int(t.item())
+
+    def stats(self) -> SchedulerStats:
+        """第 15 章 /metrics 的数（rank 0 推给 API Server）。页按 CacheManager.page_counts 数：pages_used 是运行中的
+        请求在用的（自己的 + 锁着的缓存页），pages_cached 只数没有请求在用、可以淘汰的缓存页，pages_free 是空闲列表
+        上的页（没有预留：按估计接纳，答应出去的页并不从空闲里扣）。"""
+        used, cached, free = self.cache.page_counts()
+        return SchedulerStats(running=len(self.running), waiting=len(self.prefill.pending), pages_used=used,
+                              pages_cached=cached, pages_free=free, cached_tokens=self.cache.hit_tokens)
 
     @property
     def message_digest(self) -> str:

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch14_multiprocess.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch09_continuous_batching.ipynb and ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch14_multiprocess.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,7 +7,7 @@ from typing import Dict, List, NamedTuple, Set
 import torch
 
 from minisgl.core import Batch, Req
-from minisgl.engine import Engine, ForwardOutput
+from minisgl.engine import Engine, ForwardOutput, LogprobsOutput
 from minisgl.message import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, DetokenizeMsg, ExitMsg, UserMsg
 from minisgl.utils import init_logger
 
@@ -17,23 +17,37 @@ from .decode import DecodeManager
 from .io import SchedulerIOMixin
 from .prefill import PrefillManager
 from .table import TableManager
-from .utils import PendingReq, eos_token_ids
+from .utils import PendingReq, eos_token_ids, num_outputs
 
 logger = init_logger(__name__)
 
 
 def schedule_policy(prefill: PrefillManager, decode: DecodeManager, cache: CacheManager,
-                    budget: int) -> Batch | None:
+                    budget: int, admit: bool = True) -> Batch | None:
     """混合批：运行中的请求每步各 decode 一个 token；剩下的 token 预算给 prefill——分块请求的下一块和排队的
     新请求。没有要 prefill 的，就是一个纯 decode 批（GPU 上能用 CUDA Graph）。"""
     running = decode.ready()
-    batch = prefill.schedule_next_batch(max(budget - len(running), 1))  # 至少 1 个：新请求不会被饿死
+    cache.grow(running)  # decode 的请求先拿页（调度器已经保证够用），剩下的才给分块请求的下一块
+    batch = prefill.schedule_next_batch(max(budget - len(running), 1), admit)  # 至少 1 个：新请求不会被饿死
     if batch is None:
-        return decode.schedule_next_batch(cache)
+        return Batch(running, "decode") if running else None
     if not running:
         return batch
-    cache.grow(running)
     return Batch(running + batch.reqs, "prefill")
+
+
+def make_reply(req: Req, token: int, reason: str | None, cached_tokens: int, logprobs: LogprobsOutput | None,
+               row: int) -> DetokenizeMsg:
+    """一个新 token 的回复。请求要了 logprobs 时带上它这一行的对数概率（第 8 章的引擎算好、已经在 CPU 上）。"""
+    msg = DetokenizeMsg(req.uid, token, reason is not None, reason, cached_tokens=cached_tokens)
+    sp = req.sampling_params
+    if sp.logprobs:
+        assert logprobs is not None, f"request {req.uid} asked for logprobs but the engine computed none"
+        msg.logprob = float(logprobs.token_logprobs[row])
+        if sp.top_logprobs:
+            msg.top_ids = logprobs.top_ids[row, :sp.top_logprobs].tolist()
+            msg.top_logprobs = logprobs.top_logprobs[row, :sp.top_logprobs].tolist()
+    return msg
 
 
 class Scheduler(SchedulerIOMixin):
@@ -49,10 +63,12 @@ class Scheduler(SchedulerIOMixin):
         e = self.engine
         self.table = TableManager(config.max_running_req, e.page_table)
         self.cache = CacheManager(e.page_table, e.num_pages, config.page_size, config.cache_type)
-        self.prefill = PrefillManager(self.cache, self.table)
+        self.running: Dict[int, Req] = {}  # 占着槽和页的请求（prefill 中或 decode 中），按接纳的先后
+        self.prefill = PrefillManager(self.cache, self.table, self.running, config.admission == "optimistic")
         self.decode = DecodeManager()
         self.eos_ids = eos_token_ids(config.model_path)
-        self.running: Dict[int, Req] = {}  # 占着槽和页的请求（prefill 中或 decode 中）
+        self._first_hit: Dict[int, int] = {}  # 第一个 token 还没发出的请求 → 提示词命中缓存的 token 数
+        self.num_retracted = 0  # 撤回过多少次（累计）
         self._in_flight: Set[int] = set()  # 已经提交给 GPU、结果还没处理的那一步里的请求（第 11 章）
         self._deferred: Dict[int, Req] = {}  # 已经结束、但还在飞行中的那一步里：等那一步算完再释放
         self._last: LaunchedStep | None = None
@@ -86,13 +102,16 @@ class Scheduler(SchedulerIOMixin):
             logger.warning(f"request {msg.uid} refused: {error}")
             self.send_result([DetokenizeMsg(msg.uid, -1, True, "abort")])
             return
-        if sp.max_tokens > self.engine.max_seq_len - n:  # 引擎保证池子装得下一个 max_seq_len 的请求
-            sp = replace(sp, max_tokens=self.engine.max_seq_len - n)
+        left = self.engine.max_seq_len - n  # 引擎保证池子装得下一个 max_seq_len 的请求
+        if sp.max_tokens is None or sp.max_tokens > left:  # 没给：生成到上下文用完；给多了：截到上限
+            sp = replace(sp, max_tokens=left)
         self.prefill.add(PendingReq(msg.uid, msg.input_ids, sp))
 
     def abort_request(self, uid: int) -> None:
-        """在任何状态下中止一个请求：排队中、分块预填充中、decode 中、在飞行中的那一步里。资源只释放一次。"""
+        """在任何状态下中止一个请求：排队中（包括被撤回的）、分块预填充中、decode 中、在飞行中的那一步里。
+        资源只释放一次。"""
         if self.prefill.abort(uid):
+            self._first_hit.pop(uid, None)
             self.send_result([DetokenizeMsg(uid, -1, True, "abort")])
             return
         req = self.running.get(uid)
@@ -103,14 +122,45 @@ class Scheduler(SchedulerIOMixin):
 
     # ------------------------------------------------------------------ 一步
     def schedule_next_batch(self) -> Batch | None:
-        batch = schedule_policy(self.prefill, self.decode, self.cache, self.config.max_extend_tokens)
+        retracted = self.make_room()
+        batch = schedule_policy(self.prefill, self.decode, self.cache, self.config.max_extend_tokens, not retracted)
         if batch is not None and batch.is_prefill:
             for req in batch.reqs:
-                if req.uid not in self.running:  # 新接纳的请求：提示词写进 token 表
+                if req.uid not in self.running:  # 新接纳的（或撤回后重新接纳的）请求：已知的 token 写进 token 表
                     self.running[req.uid] = req
                     self.table.token_pool[req.table_idx, :len(req.input_ids)] = \
                         req.input_ids.to(self.table.token_pool.device, non_blocking=True)
+                    if num_outputs(req) == 0:
+                        self._first_hit.setdefault(req.uid, req.cached_len)
+        if not retracted and self.decode.running:
+            self.prefill.on_decode_step()
         return batch
+
+    def make_room(self) -> bool:
+        """这一步要前进的请求（decode 的各多一个位置，分块中的至少一个 token）跨页时要新页。空闲 + 可淘汰的页
+        不够时，撤回最近接纳的请求，直到够用；返回这一步撤回过没有。"""
+        if not self.running and not self.prefill.pending:  # 空闲（没有运行的、也没有排队的）：估计回到初值
+            self.prefill.reset_token_ratio()
+        retracted = 0
+        while self._pages_needed() > self.cache.available_pages:
+            victims = [r for r in self.running.values() if r.remain_len > 0]
+            if len(victims) > 1:
+                self._retract(victims[-1])
+                retracted += 1
+            else:  # 只剩最早的一个：还缺的页在飞行中那一步已经结束的请求手里（延迟释放），先把那一步处理完
+                assert self._last is not None, "one request alone always fits: the pool holds max_seq_len tokens"
+                self._drain()
+        if retracted:
+            old = self.prefill.token_ratio
+            self.prefill.reset_token_ratio()
+            logger.info(f"KV pool full: retracted {retracted} request(s); token_ratio {old:.2f} -> "
+                        f"{self.prefill.token_ratio:.2f}")
+        return retracted > 0
+
+    def _pages_needed(self) -> int:
+        need = sum(self.cache.pages_to_grow(r.uid, r.device_len) for r in self.decode.ready())
+        chunked = self.prefill.chunked
+        return need + (self.cache.pages_to_grow(chunked.uid, chunked.cached_len + 1) if chunked else 0)
 
     def launch(self, batch: Batch) -> LaunchedStep:
         has_token = [not r.is_chunked for r in batch.reqs]  # 在 forward_batch 改动长度之前记下
@@ -125,23 +175,26 @@ class Scheduler(SchedulerIOMixin):
         return LaunchedStep(batch, out, has_token)
 
     def process(self, step: LaunchedStep) -> None:
-        """一步的结果：每个请求的新 token，判断是否结束；结束的释放资源，prefill 完的转入 decode。"""
+        """一步的结果：每个请求的新 token，判断是否结束；结束的释放资源，prefill 完的插进前缀缓存、转入 decode。"""
         if step.out.copy_done_event is not None:
             step.out.copy_done_event.synchronize()
         replies = []
-        for req, token, has_token in zip(step.batch.reqs, step.out.next_tokens_cpu.tolist(), step.has_token):
+        tokens = step.out.next_tokens_cpu.tolist()
+        for row, (req, token, has_token) in enumerate(zip(step.batch.reqs, tokens, step.has_token)):
             if req.uid in self._deferred:  # 已经结束：这一步的 token 丢掉；它不在飞行中的那一步里了，就释放
                 if req.uid not in self._in_flight:
                     self._release(self._deferred.pop(req.uid))
                 continue
-            if req.uid not in self.running or not has_token:  # 中止了的；或分块还没算完，没有 token
+            # 中止了的、被撤回的（它的 token 不发：恢复后重新生成）；或者分块还没算完、没有 token 的
+            if self.running.get(req.uid) is not req or not has_token:
                 continue
             req.append_host(token)
             reason = self._finish_reason(req, token)
-            replies.append(DetokenizeMsg(req.uid, token, reason is not None, reason))
+            replies.append(make_reply(req, token, reason, self._first_hit.pop(req.uid, 0), step.out.logprobs, row))
             if reason is not None:
                 self._finish(req)
-            elif step.batch.is_prefill:
+            elif req.uid not in self.decode.running:  # prefill 刚算完
+                self.cache.cache_prompt(req)
                 self.decode.add(req)
         if replies:
             self.send_result(replies)
@@ -164,6 +217,12 @@ class Scheduler(SchedulerIOMixin):
             self.process(last)
         return launched is not None or last is not None
 
+    def _drain(self) -> None:
+        """不等下一步提交，先把飞行中的那一步处理完：延迟释放的请求随之释放（这一步没有重叠）。"""
+        last, self._last = self._last, None
+        self._in_flight = set()
+        self.process(last)
+
     def run_step(self) -> bool:
         return self.overlap_step() if self.config.enable_overlap else self.step()
 
@@ -171,7 +230,7 @@ class Scheduler(SchedulerIOMixin):
     def has_work(self) -> bool:
         return bool(self.prefill.pending or self.prefill.chunked or self.running or self._last)
 
-    # ------------------------------------------------------------------ 结束与释放
+    # ------------------------------------------------------------------ 结束、撤回与释放
     def _finish_reason(self, req: Req, token: int) -> str | None:
         sp = req.sampling_params
         if (not sp.ignore_eos and token in self.eos_ids) or token in sp.stop_token_ids:
@@ -184,10 +243,23 @@ class Scheduler(SchedulerIOMixin):
         """请求结束（或中止）：不再调度它；它若在飞行中的那一步里，等那一步算完再释放。"""
         del self.running[req.uid]
         self.decode.remove(req)
+        self._first_hit.pop(req.uid, None)
         if req.uid in self._in_flight:
             self._deferred[req.uid] = req
         else:
             self._release(req)
+
+    def _retract(self, req: Req) -> None:
+        """撤回一个运行中的请求：它算过的整页留在前缀缓存里（不锁，需要时可以淘汰），别的页和请求槽还回去；它回到
+        队首，以提示词 + 已经生成的 token 作为新的输入，之后接着生成——已经发出去的 token 不会重发。
+
+        它可能在飞行中的那一步里：那一步只读写它自己的页，而这些页要到下一步（在同一条流上，排在那一步之后）
+        才会分给别人，所以立刻释放；那一步给它采样的 token 在 process 里丢掉，恢复后重新生成。"""
+        del self.running[req.uid]
+        self.decode.remove(req)
+        self.prefill.requeue(req)
+        self._release(req)
+        self.num_retracted += 1
 
     def _release(self, req: Req) -> None:
         self.cache.release(req)
