@@ -75,8 +75,7 @@ def sample_messages() -> List[Any]:
                   prompt_tokens=12, completion_tokens=34, cached_tokens=8,
                   logprobs=[{"token": "你", "bytes": [228, 189, 160], "logprob": -1.5, "top_logprobs": []}]),
         UserReply(uid=2, incremental_output="", finished=True, finish_reason="abort", error="max_tokens=9 is too large"),
-        SchedulerStats(running=3, waiting=1, pages_used=10, pages_cached=5, pages_free=85, pages_reserved=7,
-                       cached_tokens=2**40),
+        SchedulerStats(running=3, waiting=1, pages_used=10, pages_cached=5, pages_free=85, cached_tokens=2**40),
         BatchFrontendMsg([UserReply(uid=u, incremental_output=str(u), finished=u == 1) for u in range(2)]),
     ]
 

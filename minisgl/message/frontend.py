@@ -34,7 +34,6 @@ class SchedulerStats(BaseFrontendMsg):
     pages_used: int = 0  # 运行中的请求在用的页：它们自己的页，加上它们命中、锁着的前缀缓存页
     pages_cached: int = 0  # 只在前缀缓存里、眼下没有请求在用的页（需要时可以淘汰）
     pages_free: int = 0  # 空闲列表上的页
-    pages_reserved: int = 0  # 答应给运行中的请求、还没拿走的页（它们还在空闲页或可淘汰的页里）
     cached_tokens: int = 0  # 累计：前缀缓存命中的提示词 token（这些位置不用重新 prefill）
 
 

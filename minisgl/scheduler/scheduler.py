@@ -165,7 +165,9 @@ class Scheduler(SchedulerIOMixin):
     def launch(self, batch: Batch) -> LaunchedStep:
         has_token = [not r.is_chunked for r in batch.reqs]  # 在 forward_batch 改动长度之前记下
         self.engine.prepare_batch(batch, self.table.token_pool)
-        out = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch.reqs))
+        # 惩罚要数已经生成的 token：最新的那个还在设备上的 token 表里（第 8 章），CPU 上还没有
+        args = self.engine.sampler.prepare(batch.reqs, token_pool=self.table.token_pool)
+        out = self.engine.forward_batch(batch, args)
         # 新 token 直接在设备上写进 token 表：下一步的输入从那里取，不必等它拷回 CPU
         keep = [i for i, ok in enumerate(has_token) if ok]
         if keep:

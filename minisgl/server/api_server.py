@@ -779,9 +779,7 @@ class Metrics:
                 ("kv_pages_used", s.pages_used, "KV pages in use by running requests (their own and the cached "
                                                 "prefix pages they share)"),
                 ("kv_pages_cached", s.pages_cached, "KV pages held only by the prefix cache (evictable)"),
-                ("kv_pages_free", s.pages_free, "KV pages on the free list (used + cached + free = all pages)"),
-                ("kv_pages_reserved", s.pages_reserved, "Free or evictable KV pages promised to running requests "
-                                                        "for their future tokens")]:
+                ("kv_pages_free", s.pages_free, "KV pages on the free list (used + cached + free = all pages)")]:
             metric(name, "gauge", doc, [f"minisgl_{name} {value}"])
         metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests",
                [f"minisgl_prompt_tokens_total {self.prompt_tokens}"])
@@ -844,7 +842,7 @@ async def get_server_info():
                 max_total_num_tokens=(s.pages_used + s.pages_cached + s.pages_free) * config.page_size)
     info["internal_states"] = [{"num_running_reqs": s.running, "num_waiting_reqs": s.waiting,
                                 "kv_pages_used": s.pages_used, "kv_pages_cached": s.pages_cached,
-                                "kv_pages_free": s.pages_free, "kv_pages_reserved": s.pages_reserved,
+                                "kv_pages_free": s.pages_free,
                                 "cached_tokens": s.cached_tokens,
                                 "prompt_tokens": m.prompt_tokens, "generation_tokens": m.generation_tokens}]
     info["version"] = __version__

@@ -20,7 +20,7 @@ import torch
 from minisgl.distributed import DistributedInfo
 from minisgl.message import SchedulerStats
 from minisgl.scheduler import Scheduler
-from minisgl.utils import init_logger, pick_device
+from minisgl.utils import cpu_cores, init_logger, pick_device
 from minisgl.utils.mp import ZmqPushQueue, watch_parent
 
 from .api_server import FrontendManager, app, create_frontend
@@ -43,13 +43,6 @@ class ServingScheduler(Scheduler):
         self._stats_sent: SchedulerStats | None = None
         self._stats_time = 0.0
         self.push_stats()
-
-    def stats(self) -> SchedulerStats:
-        c = self.cache
-        free, cached = len(c.free_pages), c.prefix_cache.size_info.evictable_size // c.page_size
-        return SchedulerStats(running=len(self.running), waiting=len(self.prefill.pending),
-                              pages_used=c.num_pages - free - cached, pages_cached=cached, pages_free=free,
-                              pages_reserved=c.reserved, cached_tokens=c.hit_tokens)
 
     def push_stats(self) -> None:
         if self._stats_queue is None:
@@ -79,8 +72,7 @@ def _num_threads(args: ServerArgs) -> int | None:
         return None
     if pick_device(args.device).type == "cuda":
         return 1  # 模型在 GPU 上算，这个进程的 CPU 只拼小张量：多余的 OpenMP 线程只会空转着抢核
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // (args.tp_info.size // args.nnodes))
+    return max(1, cpu_cores() // (args.tp_info.size // args.nnodes))
 
 def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
     watch_parent()  # 启动器被 kill -9 时跟着退出（第 12 章）
