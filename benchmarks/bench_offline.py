@@ -291,10 +291,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--overlap", choices=["on", "off"], default="on")
     ap.add_argument("--cache", default="radix", help="radix or naive")
-    ap.add_argument("--page-size", type=int, default=None, help="default 1 (CPU) / 16 (--gpu)")
+    ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on a GPU, 1 on CPU)")
     ap.add_argument("--attn", default="auto", help="attention backend: auto, torch, fi, ...")
     ap.add_argument("--max-running-req", type=int, default=256)
-    ap.add_argument("--max-extend-tokens", type=int, default=None, help="default 8192 (CPU) / 16384 (--gpu)")
+    ap.add_argument("--max-extend-tokens", type=int, default=None, help="default: the engine's (8192)")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
     ap.add_argument("--hf-batch", type=int, default=None, help="transformers' static batch size (default 32 / 64)")
     ap.add_argument("--variants", nargs="*", default=None, metavar="K=V,...",
@@ -323,8 +323,12 @@ def main() -> None:
     n = args.num_seqs or (256 if gpu else 32)
     lo = args.min_len or (100 if gpu else 16)
     hi = args.max_len or (1024 if gpu else 128)
-    args.page_size = args.page_size or (16 if gpu else 1)
-    args.max_extend_tokens = args.max_extend_tokens or (16384 if gpu else 8192)
+    # None: the engine's defaults, which are what `LLM(model)` and `python -m minisgl` run with
+    from minisgl.engine import EngineConfig
+    from minisgl.scheduler import SchedulerConfig
+
+    args.page_size = args.page_size or EngineConfig("", device="cuda" if gpu else "cpu").page_size
+    args.max_extend_tokens = args.max_extend_tokens or SchedulerConfig("").max_extend_tokens
     args.hf_batch = args.hf_batch or (64 if gpu else 32)
     if args.max_running_req < 1 or n < 1 or not 1 <= lo <= hi:
         raise ValueError(f"bad sizes: --num-seqs {n} --min-len {lo} --max-len {hi}")

@@ -11,7 +11,7 @@
 # turns of minisgl and upstream on the offline workload; MOE_SWEEP=1 adds bench_moe.py layer --sweep (block
 # shapes per batch size; minutes).
 # Phases: the MoE GPU tests (chapter 4's inside .build/trees/ch04, chapter 8's MoE ones); the production path
-# (handoff/test_production_path.py: SmolLM2 bf16, fi, graphs, overlap, chunked prefill, against transformers);
+# (chapter 11's test_production_path: SmolLM2 bf16, fi, graphs, overlap, chunked prefill, against transformers);
 # one MoE block per batch size against its floor (chapter 4's GPU cell runs the same); the engine's decode step
 # with dummy weights at batch 1, 8, 64, 256 against its floor; the offline workload, minisgl and upstream.
 set -uo pipefail
@@ -39,8 +39,8 @@ if phase tests; then
   run moe_tests_ch04 python3 tools/steps.py test 4 --gpu --show-output -- -rs
   run moe_tests_ch08 python3 tools/steps.py test 8 --gpu --show-output -- -rs -k "moe or Moe"
 fi
-if phase production && [ -f handoff/test_production_path.py ]; then
-  run production_path python3 -m pytest -q -p no:cacheprovider -rs -s handoff/test_production_path.py
+if phase production; then  # chapter 11's GPU test: SmolLM2 in bf16 through the defaults users run
+  run production_path python3 tools/steps.py test 11 --gpu --show-output -- -rs -s -k production
 fi
 if phase layer; then
   sweep=(); [ "${MOE_SWEEP:-0}" = 1 ] && sweep=(--sweep)

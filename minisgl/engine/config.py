@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minisgl.distributed import DistributedInfo
+from minisgl.utils import pick_device
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -17,7 +18,7 @@ class EngineConfig:
     tp_info: DistributedInfo = field(default_factory=lambda: DistributedInfo(0, 1))
     dtype: str = "auto"  # auto：GPU 上 bfloat16，CPU 上 float32
     device: str = "auto"  # auto：有 CUDA 用 cuda，否则 cpu
-    page_size: int = 1
+    page_size: int | None = None  # None：GPU 上 16（FlashInfer 按页读，基准测得最快），CPU 上 1
     num_pages: int | None = None  # None：GPU 上按 memory_ratio，CPU 上按 cpu_kv_memory_mb
     memory_ratio: float = 0.9  # GPU 上权重 + KV 池最多占总显存的比例
     cpu_kv_memory_mb: int = 2048
@@ -32,6 +33,8 @@ class EngineConfig:
     use_dummy_weight: bool = False  # 不读权重文件，按配置随机初始化（压测用）
 
     def __post_init__(self) -> None:
+        if self.page_size is None:  # 按设备定下来：之后读 config.page_size 的地方拿到的总是整数
+            object.__setattr__(self, "page_size", 16 if pick_device(self.device).type == "cuda" else 1)
         checks = [("--dtype", self.dtype, self.dtype in _DTYPES, f"one of {_DTYPES}"),
                   ("--page-size", self.page_size, self.page_size >= 1, ">= 1"),
                   ("--num-pages", self.num_pages, self.num_pages is None or self.num_pages >= 1, ">= 1"),

@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default=_default("server_host"))
     add("--port", type=int, default=_default("server_port"))
     add("--num-pages", type=int, default=_default("num_pages"), help="KV 池的页数（默认按内存推算）")
-    add("--page-size", type=int, default=_default("page_size"))
+    add("--page-size", type=int, default=_default("page_size"), help="每页几个 token（默认：GPU 上 16，CPU 上 1）")
     add("--max-running-requests", type=int, default=_default("max_running_req"))
     add("--max-seq-len-override", type=int, default=_default("max_seq_len_override"))
     add("--max-prefill-length", "--max-extend-length", type=int, default=_default("max_extend_tokens"))
