@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch06_kvcache.ipynb and ch08_engine.ipynb and ch11_overlap.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch06_kvcache.ipynb and ch08_engine.ipynb and ch11_overlap.ipynb and ch17_structured.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from minisgl.moe import BaseMoeBackend
 
 # T = 这一批的 token 数，B = 请求数，R = 请求槽数（页表的行），S = 每个请求最多的 token 数（页表的列）
+
+
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # 结构化输出的三种约束（附录）
 
 
 @dataclass
@@ -33,6 +36,10 @@ class SamplingParams:
     logit_bias: Dict[str, float] = field(default_factory=dict)  # 词的编号（十进制字符串）→ 加到 logit 上
     logprobs: bool = False  # 返回采到的词的 log 概率
     top_logprobs: int = 0  # 另外返回最可能的 N 个词和它们的 log 概率（0..20）
+    # 结构化输出（附录）：至多给一个，名字和 SGLang 的一样；(字段名, 原文) 就是语法缓存的键
+    json_schema: str | None = None  # JSON Schema（JSON 文本）；OpenAI 的 response_format 由 API Server 换成它
+    regex: str | None = None  # 正则：输出必须整个匹配它
+    ebnf: str | None = None  # EBNF 文法（xgrammar 的写法，起始规则叫 root）
 
     def __post_init__(self) -> None:
         def num(x: object, lo: float, hi: float) -> bool:
@@ -62,9 +69,17 @@ class SamplingParams:
             "top_logprobs": (integer(self.top_logprobs, 0, 20 if self.logprobs else 0),
                              "must be in [0, 20], and 0 unless logprobs=True"),
         }
+        for name in GRAMMAR_FIELDS:
+            spec = getattr(self, name)
+            checks[name] = (spec is None or (isinstance(spec, str) and spec != ""),
+                            "must be a non-empty string")
         for name, (ok, rule) in checks.items():
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} {rule}")
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}={getattr(self, given[1])!r:.200} cannot be combined with "
+                             f"{given[0]}: give at most one of {', '.join(GRAMMAR_FIELDS)}")
         # logit_bias 只解析一次：采样器每一步都要用
         self._bias = ([int(k) for k in self.logit_bias], [float(v) for v in self.logit_bias.values()])
 
@@ -75,6 +90,15 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def grammar(self) -> Tuple[str, str] | None:
+        """结构化输出的 (kind, spec)：kind 是 json_schema / regex / ebnf 之一；不受约束时为 None。"""
+        for name in GRAMMAR_FIELDS:
+            spec = getattr(self, name)
+            if spec is not None:
+                return name, spec
+        return None
 
     @property
     def logit_bias_ids(self) -> Tuple[List[int], List[float]]:

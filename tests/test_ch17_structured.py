@@ -1,25 +1,34 @@
 # Tangled from book/chapters/ch17_structured.ipynb — edit the notebook, not this file.
-"""附录·结构化输出：语法层（minisgl/structured/）。真实的 Qwen3 与 SmolLM2 分词器，随机生成的 JSON Schema、正则和
-EBNF，一个随机 logits 的"模型"在掩码下生成——输出总能解析，并且合乎它的 schema / 正则。"""
+"""附录·结构化输出。语法层（minisgl/structured/）：真实的 Qwen3 与 SmolLM2 分词器，随机生成的 JSON Schema、正则和
+EBNF，一个随机 logits 的"模型"在掩码下生成——输出总能解析，并且合乎它的 schema / 正则。接进调度器之后：离线的
+LLM 和 python -m minisgl（官方 openai 客户端）在重叠调度、撤回、CUDA Graph 下只写出合法的输出，坏的 spec 回 400。"""
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import random
 import re
-from typing import Any, List, NamedTuple
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai import AsyncOpenAI, BadRequestError
 
 xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed: pip install -e '.[structured]'")
 jsonschema = pytest.importorskip("jsonschema")
 
+from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.llm import LLM  # noqa: E402
+from minisgl.message import decode, encode  # noqa: E402
 from minisgl.structured import (JSON_OBJECT_SCHEMA, Grammar, GrammarBackend, allocate_vocab_mask,  # noqa: E402
                                 apply_vocab_mask, check_grammar, fill_vocab_mask, unpack_vocab_mask)
 from minisgl.utils.hf import load_tokenizer, qwen3_tokenizer_dir  # noqa: E402
+from test_ch15_server import client, metrics, start_server, stop_server  # noqa: E402  (第 15 章：起停服务)
 
 EXAMPLES = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -253,3 +262,293 @@ def test_apply_vocab_mask_on_cuda() -> None:
     apply_vocab_mask(ours, on_gpu)
     xgr.apply_token_bitmask_inplace(theirs, on_gpu)
     assert torch.equal(ours.cpu(), cpu) and torch.equal(theirs.cpu(), cpu)
+
+
+# 接进调度器之后：离线的 LLM 和 python -m minisgl，随机的小 Qwen3（真实的分词器）。schema 都有界（字符串限长、整数
+# 限范围、数组限个数），所以输出在几十个 token 里结束，finish_reason 必须是 "stop"
+bounded_leaves = st.one_of(
+    st.integers(0, 8).map(lambda n: {"type": "string", "maxLength": n}),
+    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+              st.integers(-50, 50), st.integers(0, 300)),
+    st.sampled_from([{"type": "boolean"}, {"type": "null"}]),
+    st.lists(scalars, min_size=1, max_size=4, unique_by=json.dumps).map(lambda v: {"enum": v}),
+    scalars.map(lambda v: {"const": v}),
+)
+
+def bounded_containers(children: st.SearchStrategy) -> st.SearchStrategy:
+    arrays = st.builds(lambda items, lo, extra: {"type": "array", "items": items, "minItems": lo,
+                                                 "maxItems": lo + extra}, children, st.integers(0, 2), st.integers(0, 2))
+    objects = st.dictionaries(names, children, min_size=1, max_size=3).flatmap(
+        lambda props: st.lists(st.sampled_from(sorted(props)), unique=True).map(
+            lambda required: {"type": "object", "properties": props, "required": required,
+                              "additionalProperties": False}))
+    return arrays | objects
+
+bounded_schemas = bounded_containers(st.recursive(bounded_leaves, bounded_containers, max_leaves=5))
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
+                                                    "maxItems": 3}},
+          "required": ["name", "age"], "additionalProperties": False}
+PHONE = r"1[3-9][0-9]{9}"
+SQL = 'root ::= "SELECT " ("name" | "age") " FROM t WHERE id = " [1-9] [0-9]?'
+SQL_RE = r"SELECT (name|age) FROM t WHERE id = [1-9][0-9]?"  # 同一个语言的正则
+
+@pytest.fixture(scope="module")
+def checker(tiny_qwen3) -> GrammarBackend:
+    """和调度器一样的语法（小模型没写 eos：结束符是分词器的 <|im_end|>），用来逐 token 复核输出。"""
+    return GrammarBackend(load_tokenizer(tiny_qwen3), 151936, max_threads=1)
+
+def check_output(checker: GrammarBackend, sp: SamplingParams, out: Dict[str, Any]) -> None:
+    """输出的 token 逐个喂给一个新的语法状态：每个都被接受（合法的前缀）；stop 时语法恰好走完，文字通过校验。"""
+    kind, spec = sp.grammar
+    g = checker.grammar(kind, spec)
+    assert all(g.accept(t) for t in out["token_ids"]), (spec, out)
+    assert g.is_terminated == (out["finish_reason"] == "stop"), (spec, out)
+    if out["finish_reason"] == "stop" and kind == "json_schema":
+        jsonschema.validate(json.loads(out["text"]), json.loads(spec))
+    elif out["finish_reason"] == "stop":
+        assert re.fullmatch(spec if kind == "regex" else SQL_RE, out["text"]), (spec, out)
+
+def mixed_requests() -> Tuple[List[str], List[SamplingParams]]:
+    """受约束的（四种写法，同一个 schema 三次）和不受约束的请求混在一批里：前五个贪心，后三个带 seed 采样。"""
+    person = json.dumps(PERSON)
+    params = [SamplingParams(max_tokens=200, json_schema=person),
+              SamplingParams(max_tokens=6, json_schema=person),  # 写不完：length，合法的前缀
+              SamplingParams(max_tokens=30, regex=PHONE), SamplingParams(max_tokens=30, ebnf=SQL),
+              SamplingParams(max_tokens=12, ignore_eos=True),
+              SamplingParams(max_tokens=200, json_schema=person, temperature=1.0, seed=7),
+              SamplingParams(max_tokens=40, json_schema=JSON_OBJECT_SCHEMA, temperature=0.8, seed=1),
+              SamplingParams(max_tokens=12, temperature=1.0, seed=3)]
+    prompts = ["Give me a JSON object:", "The weather is", "Call me at", "SQL:", "Once upon", "你好", "1, 2, 3,",
+               "北京"]
+    return prompts, params
+
+def test_offline_overlap_on_and_off_identical(tiny_qwen3, checker: GrammarBackend) -> None:
+    """离线的 LLM，受约束和不受约束的请求混在一批：贪心的请求重叠开和关逐 token 相同，不受约束的那个和它单独成批时
+    也相同（掩码只盖自己那一行）；受约束的输出逐 token 合乎语法，stop 的通过校验；同一个 spec 只编译一次；
+    槽、页、语法状态全回来。（随机模型的分布几乎是平的：带 seed 的采样对批的组成带来的 1e-6 级的 logits 差异也敏感，
+    所以只比较贪心的。）"""
+    prompts, params = mixed_requests()
+    runs = []
+    for overlap in (True, False):
+        llm = LLM(tiny_qwen3, device="cpu", num_pages=2048, max_seq_len_override=512, enable_overlap=overlap)
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            alone = llm.generate(prompts[4], params[4], use_tqdm=False)[0]
+            assert alone["token_ids"] == outs[4]["token_ids"]
+            assert (llm.grammar_backend.misses, llm.grammar_backend.hits) == (4, 2)  # 四个 spec，PERSON 用了三次
+            assert not llm.grammars and not llm.running and llm.table.num_free == llm.config.max_running_req
+            llm.cache.check_integrity()
+        finally:
+            llm.shutdown()
+        runs.append([(o["token_ids"], o["finish_reason"]) for o in outs[:5]])
+        for sp, out in zip(params, outs):
+            if sp.grammar is not None:
+                check_output(checker, sp, out)
+        assert [o["finish_reason"] for o in outs] == ["stop", "length", "stop", "stop", "length", "stop", "stop",
+                                                      "length"]
+    assert runs[0] == runs[1]
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_retraction_resumes_the_same_grammar(tiny_qwen3, checker: GrammarBackend, monkeypatch, overlap: bool) -> None:
+    """很小的 KV 池、最乐观的接纳：受约束的请求生成到一半被撤回，恢复后接着同一个语法状态走——输出和它单独运行时
+    逐 token 相同、合乎 schema（token 没有被语法吃两次，也没有漏吃）；页和语法状态全部回来。"""
+    import minisgl.scheduler.prefill as prefill
+
+    monkeypatch.setattr(prefill, "INIT_TOKEN_RATIO", 0.0)
+    monkeypatch.setattr(prefill, "MIN_TOKEN_RATIO", 0.0)
+    llm = LLM(tiny_qwen3, device="cpu", num_pages=64, max_seq_len_override=64, max_running_req=6,
+              enable_overlap=overlap)
+    retracted: List[int] = []  # 被撤回时已经生成了多少个 token
+    original = llm._retract
+
+    def spy(req) -> None:
+        retracted.append(len(req.input_ids) - (req.max_device_len - req.output_len))
+        original(req)
+
+    llm._retract = spy
+    try:
+        rng = random.Random(0)
+        schemas = [{"type": "object", "properties": {k: {"type": "string", "minLength": 4, "maxLength": 8}
+                                                     for k in ("ab", "xy")}, "required": ["ab", "xy"],
+                    "additionalProperties": False},
+                   {"type": "array", "items": {"type": "integer", "minimum": 100, "maximum": 999},
+                    "minItems": 3, "maxItems": 4}]
+        prompts = [[rng.randrange(100, 5000) for _ in range(rng.randint(3, 8))] for _ in range(6)]
+        params = [SamplingParams(max_tokens=48, json_schema=json.dumps(schemas[i % 2])) for i in range(6)]
+        alone = [llm.generate([p], [sp], use_tqdm=False)[0] for p, sp in zip(prompts, params)]
+        assert not retracted, "one request alone always fits"
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert any(n > 0 for n in retracted), f"no request was retracted mid-generation: {retracted}"
+        for sp, out, ref in zip(params, outs, alone):
+            assert (out["token_ids"], out["finish_reason"]) == (ref["token_ids"], ref["finish_reason"])
+            assert out["finish_reason"] == "stop"
+            check_output(checker, sp, out)
+        assert not llm.grammars and llm.table.num_free == 6
+        llm.cache.check_integrity()
+    finally:
+        llm.shutdown()
+
+def test_bad_spec_aborts_only_its_request(tiny_qwen3) -> None:
+    """没经过 API 检查的坏 spec（离线的 LLM）：编译失败，这个请求以 abort 结束、不生成 token；别的请求照常，资源全回来。
+    SamplingParams 自己只查形状：至多一个、非空；它过 msgpack 不走样。"""
+    llm = LLM(tiny_qwen3, device="cpu", num_pages=512, max_seq_len_override=128)
+    try:
+        bad, good = SamplingParams(max_tokens=8, regex="(("), SamplingParams(max_tokens=8, regex="[a-c]+")
+        outs = llm.generate(["x", "y"], [bad, good], use_tqdm=False)
+        assert (outs[0]["finish_reason"], outs[0]["token_ids"]) == ("abort", [])
+        assert re.fullmatch("[a-c]+", outs[1]["text"]) and outs[1]["finish_reason"] == "length"
+        assert not llm.grammars and llm.table.num_free == llm.config.max_running_req
+        llm.cache.check_integrity()
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match=r"^ebnf='root ::= \"a\"' cannot be combined with regex"):
+        SamplingParams(regex="a", ebnf='root ::= "a"')
+    with pytest.raises(ValueError, match=r"^json_schema='' must be a non-empty string"):
+        SamplingParams(json_schema="")
+    sp = SamplingParams(json_schema=json.dumps(PERSON), max_tokens=3)
+    assert decode(encode(sp)) == sp and decode(encode(sp)).grammar == ("json_schema", json.dumps(PERSON))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3, tmp_path_factory) -> Iterator[Tuple[int, Path]]:
+    """python -m minisgl 跑随机的小 Qwen3，重叠调度（默认）开着；第 15 章测试里的启动和停止。"""
+    log = tmp_path_factory.mktemp("structured") / "server.log"
+    proc, port = start_server(tiny_qwen3, log, "--max-seq-len-override", "512")
+    yield port, log
+    stop_server(proc)
+
+def schema_format(schema: dict) -> Dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+@settings(max_examples=4, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.lists(bounded_schemas, min_size=6, max_size=6), seed=st.integers(0, 2**31))
+def test_server_random_schemas(server, batch: List[dict], seed: int) -> None:
+    """官方客户端同时发出六个随机 schema 的对话请求（一半贪心，一半带 seed 采样、n=2）和两个不受约束的补全，混在
+    几批里：每个受约束的回答都以 stop 结束，解析出来通过它的 schema 的校验。"""
+    port, _ = server
+    c = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+
+    async def constrained(i: int, schema: dict) -> Tuple[dict | None, Any]:
+        return schema, await c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"Answer {i} in JSON."}], max_tokens=400,
+            n=1 if i % 2 == 0 else 2, temperature=0 if i % 2 == 0 else 1.0, seed=seed + i,
+            response_format=schema_format(schema))
+
+    async def free(i: int) -> Tuple[dict | None, Any]:
+        return None, await c.completions.create(model="m", prompt=f"free {i}", max_tokens=20, temperature=1.0,
+                                                extra_body={"ignore_eos": True})
+
+    async def main() -> List[Tuple[dict | None, Any]]:
+        try:
+            return await asyncio.gather(*[constrained(i, s) for i, s in enumerate(batch)], free(0), free(1))
+        finally:
+            await c.close()
+
+    for schema, r in asyncio.run(main()):
+        for choice in r.choices:
+            if schema is None:
+                assert choice.finish_reason == "length"
+                continue
+            assert choice.finish_reason == "stop", (schema, choice.message.content)
+            jsonschema.validate(json.loads(choice.message.content), schema)
+
+def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBackend) -> None:
+    """json_object（对话和补全）、SGLang 的 regex / ebnf；服务的贪心输出和离线 LLM 的逐字相同，流式拼起来和非流式
+    相同；length 截断的是合法的前缀。坏的 schema / 正则 / 文法、写法不对的 response_format 都是 400，指明参数，
+    调度器一个也没见到；最后所有请求槽和 KV 页都回来。"""
+    port, log = server
+    c = client(port)
+    chat = [{"role": "user", "content": "Give me a JSON object."}]
+    r = c.chat.completions.create(model="m", messages=chat, max_tokens=60, temperature=0.7, seed=5,
+                                  response_format={"type": "json_object"})
+    outputs = [(ch.message.content, ch.finish_reason) for ch in r.choices]
+    r = c.completions.create(model="m", prompt="JSON:", max_tokens=60, temperature=0.7, seed=5, n=3,
+                             extra_body={"response_format": {"type": "json_object"}})
+    outputs += [(ch.text, ch.finish_reason) for ch in r.choices]
+    for text, reason in outputs:  # 写完的是一个对象；没写完的（length）也是合法的前缀
+        assert checker.grammar("json_schema", JSON_OBJECT_SCHEMA).matcher.accept_string(text), text
+        assert reason == "length" or isinstance(json.loads(text), dict), text
+    llm = LLM(tiny_qwen3, device="cpu", num_pages=1024, max_seq_len_override=512)
+    try:
+        for prompt, sp, extra in [("Call me at", SamplingParams(max_tokens=30, regex=PHONE), {"regex": PHONE}),
+                                  ("SQL:", SamplingParams(max_tokens=30, ebnf=SQL), {"ebnf": SQL}),
+                                  ("Person:", SamplingParams(max_tokens=200, json_schema=json.dumps(PERSON)),
+                                   {"response_format": schema_format(PERSON)})]:
+            r = c.completions.create(model="m", prompt=prompt, max_tokens=sp.max_tokens, temperature=0,
+                                     extra_body=extra).choices[0]
+            offline = llm.generate(prompt, sp, use_tqdm=False)[0]
+            assert (r.text, r.finish_reason) == (offline["text"], offline["finish_reason"]) and r.finish_reason == "stop"
+            check_output(checker, sp, offline)
+    finally:
+        llm.shutdown()
+    whole = c.chat.completions.create(model="m", messages=chat, max_tokens=200, temperature=0,
+                                      response_format=schema_format(PERSON)).choices[0]
+    chunks = list(c.chat.completions.create(model="m", messages=chat, max_tokens=200, temperature=0, stream=True,
+                                            response_format=schema_format(PERSON)))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == whole.message.content
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "stop"
+    jsonschema.validate(json.loads(whole.message.content), PERSON)
+    cut = c.chat.completions.create(model="m", messages=chat, max_tokens=4, temperature=0,
+                                    response_format=schema_format(PERSON)).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content == whole.message.content[:len(cut.message.content)]
+    assert checker.grammar("json_schema", json.dumps(PERSON)).matcher.accept_string(cut.message.content)
+
+    bad = [({"response_format": schema_format({"type": "objec"})}, "response_format", 'Unsupported type "objec"'),
+           ({"response_format": {"type": "json_schema"}}, "response_format", 'needs "json_schema"'),
+           ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
+            "response_format.json_schema.schema: Field required"),
+           ({"response_format": {"type": "xml"}}, "response_format", "response_format.type"),
+           ({"regex": "(("}, "regex", "regex='((': Regex parsing error"),
+           ({"regex": ""}, "regex", "regex='' must be a non-empty string"),
+           ({"ebnf": "root ::= foo"}, "ebnf", 'Rule "foo" is not defined'),
+           ({"response_format": {"type": "json_object"}, "regex": "a"}, "regex", "cannot be combined")]
+    for body, param, message in bad:
+        for create, kwargs in [(c.chat.completions.create, {"messages": chat}),
+                               (c.completions.create, {"prompt": "x"})]:
+            with pytest.raises(BadRequestError) as e:
+                create(model="m", max_tokens=8, extra_body=body, **kwargs)
+            assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
+            assert message in e.value.body["message"], e.value.body
+    t0 = time.monotonic()
+    while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
+        assert time.monotonic() - t0 < 5, m
+        time.sleep(0.05)
+    text = log.read_text()
+    assert "refused" not in text and "outside its grammar" not in text
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graphs_and_overlap(tiny_qwen3_hd128, checker: GrammarBackend, monkeypatch) -> None:
+    """GPU：bf16、FlashInfer 注意力、CUDA Graph、重叠调度都开着。decode 批从图里回放，掩码拷到 GPU 上、盖在图外的
+    logits 上；贪心、带 seed 的采样和 FlashInfer 的采样（没有 seed）都只写出合法的输出；槽、页、语法状态全回来。"""
+    pytest.importorskip("flashinfer")
+    from minisgl.engine.graph import GraphRunner
+
+    replayed: List[int] = []
+    replay = GraphRunner.replay
+
+    def counting(self, batch):
+        replayed.append(batch.size)
+        return replay(self, batch)
+
+    monkeypatch.setattr(GraphRunner, "replay", counting)
+    llm = LLM(tiny_qwen3_hd128, device="cuda", dtype="bfloat16", attention_backend="fi", page_size=16,
+              num_pages=1024, max_seq_len_override=512, cuda_graph_max_bs=16, enable_overlap=True)
+    try:
+        assert llm.graph_runner.batch_sizes, "CUDA graphs were not captured"
+        prompts, params = mixed_requests()
+        person = json.dumps(PERSON)
+        prompts += [f"Person {i}:" for i in range(4)]
+        params += [SamplingParams(max_tokens=200, json_schema=person, temperature=1.0, top_p=0.9)] * 4  # FlashInfer
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        for sp, out in zip(params, outs):
+            if sp.grammar is not None:
+                check_output(checker, sp, out)
+        assert all(o["finish_reason"] == "stop" for o in outs[-4:])
+        assert replayed and llm._mask_device is not None and llm._mask_device.is_cuda
+        assert not llm.grammars and llm.table.num_free == llm.config.max_running_req
+        llm.cache.check_integrity()
+    finally:
+        llm.shutdown()

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch08_engine.ipynb and ch17_structured.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import os
@@ -30,7 +30,8 @@ class ForwardOutput(NamedTuple):
 
 
 class Engine:
-    """一个 TP rank 上的模型执行者：建模型、定 KV 池、建 Context；prepare_batch + forward_batch 跑一步。"""
+    """一个 TP rank 上的模型执行者：建模型、定 KV 池、建 Context；prepare_batch + forward_batch 跑一步
+    （forward_batch = forward + sample，附录的结构化输出在两者之间填掩码）。"""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -91,16 +92,24 @@ class Engine:
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """前向一批、采样；每个请求 complete_one()。返回的 token 在 GPU 上是异步拷回 CPU 的。"""
+        return self.sample(self.forward(batch), args)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """只提交前向（GPU 上立刻返回），每个请求 complete_one()。返回 [B, V] 的 logits：CUDA Graph 的静态缓冲区
+        的视图，在下一次前向之前采样（附录：结构化输出在这两步之间填掩码）。"""
         with self.ctx.forward_batch(batch):
             if self.graph_runner.can_use(batch):
                 logits = self.graph_runner.replay(batch)  # [padded B, V]
             else:
                 logits = self.model.forward(batch.input_ids, batch.positions)  # [B, V]
-        logits = logits[:batch.size]  # [B, V]
-        next_tokens = self.sampler.sample(logits, args)  # [B] int32
-        logprobs = self.sampler.logprobs(logits, next_tokens, args)  # 没有请求要时是 None
         for req in batch.reqs:
             req.complete_one()
+        return logits[:batch.size]  # [B, V]
+
+    def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> ForwardOutput:
+        """logits [B, V] → 下一个 token（和 logprobs），异步拷回 CPU。"""
+        next_tokens = self.sampler.sample(logits, args)  # [B] int32
+        logprobs = self.sampler.logprobs(logits, next_tokens, args)  # 没有请求要时是 None
         if self.device.type != "cuda":
             return ForwardOutput(next_tokens, next_tokens, None, logprobs)
         host = _to_host(next_tokens)

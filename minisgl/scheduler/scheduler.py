@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch09_continuous_batching.ipynb and ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch14_multiprocess.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch09_continuous_batching.ipynb and ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch17_structured.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,6 +9,7 @@ import torch
 from minisgl.core import Batch, Req
 from minisgl.engine import Engine, ForwardOutput, LogprobsOutput
 from minisgl.message import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, DetokenizeMsg, ExitMsg, UserMsg
+from minisgl.structured import Grammar, GrammarBackend, allocate_vocab_mask, fill_vocab_mask
 from minisgl.utils import init_logger
 
 from .cache import CacheManager
@@ -73,6 +74,11 @@ class Scheduler(SchedulerIOMixin):
         self._deferred: Dict[int, Req] = {}  # 已经结束、但还在飞行中的那一步里：等那一步算完再释放
         self._last: LaunchedStep | None = None
         self.exiting = False
+        # 附录·结构化输出：受约束的请求各有一个语法状态（uid → Grammar，撤回时留着）；后端和掩码第一次用到时才建
+        self.grammars: Dict[int, Grammar] = {}
+        self._grammar_backend: GrammarBackend | None = None
+        self._mask_host: torch.Tensor | None = None  # [R, W] int32：CPU 上填（GPU 时是 pinned 内存）
+        self._mask_device: torch.Tensor | None = None  # [R, W] int32：logits 所在的设备上
         if config.zmq_backend_addr is not None:  # 第 14 章：服务进程，消息经 ZMQ 收发
             self.init_io()
 
@@ -98,6 +104,11 @@ class Scheduler(SchedulerIOMixin):
             error = "the prompt is empty"
         elif n >= self.engine.max_seq_len:
             error = f"the prompt has {n} tokens; this server takes at most {self.engine.max_seq_len - 1}"
+        elif sp.grammar is not None:  # 收请求时编译（同一个 spec 只编译一次）：编译不了就中止，说明原因
+            try:
+                self.grammars[msg.uid] = self.grammar_backend.grammar(*sp.grammar)
+            except (ValueError, ImportError) as e:
+                error = str(e)
         if error:
             logger.warning(f"request {msg.uid} refused: {error}")
             self.send_result([DetokenizeMsg(msg.uid, -1, True, "abort")])
@@ -112,6 +123,7 @@ class Scheduler(SchedulerIOMixin):
         资源只释放一次。"""
         if self.prefill.abort(uid):
             self._first_hit.pop(uid, None)
+            self.grammars.pop(uid, None)
             self.send_result([DetokenizeMsg(uid, -1, True, "abort")])
             return
         req = self.running.get(uid)
@@ -162,19 +174,62 @@ class Scheduler(SchedulerIOMixin):
         chunked = self.prefill.chunked
         return need + (self.cache.pages_to_grow(chunked.uid, chunked.cached_len + 1) if chunked else 0)
 
-    def launch(self, batch: Batch) -> LaunchedStep:
-        has_token = [not r.is_chunked for r in batch.reqs]  # 在 forward_batch 改动长度之前记下
+    def launch(self, batch: Batch, last: LaunchedStep | None = None) -> LaunchedStep:
+        """提交一步。last：重叠时还没处理的上一步，在这里处理掉——批里有受约束的请求时，在前向之后、采样之前
+        （这一步的掩码要等上一步的 token 被语法吃进去），否则在整步提交之后（和第 11 章一样）。"""
+        has_token = [not r.is_chunked for r in batch.reqs]  # 在前向改动长度之前记下
         self.engine.prepare_batch(batch, self.table.token_pool)
         # 惩罚要数已经生成的 token：最新的那个还在设备上的 token 表里（第 8 章），CPU 上还没有
         args = self.engine.sampler.prepare(batch.reqs, token_pool=self.table.token_pool)
-        out = self.engine.forward_batch(batch, args)
+        if self.grammars and any(r.uid in self.grammars for r in batch.reqs):
+            logits = self.engine.forward(batch)  # GPU 开始算这一步；CPU 接着做下面的事
+            if last is not None:
+                self.process(last)  # 上一步的 token：受约束的请求各自 accept，语法走完的以 stop 结束
+                last = None
+            rows = [self.grammars.get(r.uid) if ok else None for r, ok in zip(batch.reqs, has_token)]
+            args.vocab_mask = self._vocab_mask(rows)
+            out = self.engine.sample(logits, args)  # 盖掩码、采样
+        else:  # 没有受约束的请求：和第 11 章一模一样
+            out = self.engine.forward_batch(batch, args)
         # 新 token 直接在设备上写进 token 表：下一步的输入从那里取，不必等它拷回 CPU
         keep = [i for i, ok in enumerate(has_token) if ok]
         if keep:
             host = torch.tensor([[batch.reqs[i].table_idx, batch.reqs[i].cached_len, i] for i in keep])  # [K, 3]
-            rows, cols, which = host.to(out.next_tokens_gpu.device, non_blocking=True).unbind(1)
-            self.table.token_pool[rows, cols] = out.next_tokens_gpu[which]
+            rows_d, cols_d, which = host.to(out.next_tokens_gpu.device, non_blocking=True).unbind(1)
+            self.table.token_pool[rows_d, cols_d] = out.next_tokens_gpu[which]
+        if last is not None:
+            self.process(last)
         return LaunchedStep(batch, out, has_token)
+
+    @property
+    def grammar_backend(self) -> GrammarBackend:
+        """第一个受约束的请求来时才建：读分词器每个 token 的字节要一两秒，不用结构化输出的服务不付这个钱。
+        放行的结束符就是调度器认的 eos：语法放行的，调度器也认它是结束。"""
+        if self._grammar_backend is None:
+            from minisgl.utils.hf import load_tokenizer
+
+            self._grammar_backend = GrammarBackend(load_tokenizer(self.config.model_path),
+                                                   self.engine.model_config.vocab_size, self.eos_ids)
+        return self._grammar_backend
+
+    def _vocab_mask(self, rows: List[Grammar | None]) -> torch.Tensor:
+        """这一批的掩码 [B, W]，在 logits 的设备上。CPU 上填一块常驻的缓冲区，GPU 上再 non_blocking 地拷过去：
+        下一次填它之前，process 已经等过这一步的 copy_done_event（排在这次拷贝之后），不会改到还没拷完的内存。"""
+        if self._mask_host is None:
+            R, V, dev = self.config.max_running_req, self.engine.model_config.vocab_size, self.engine.device
+            self._mask_host = allocate_vocab_mask(R, V)
+            self._mask_device = self._mask_host
+            if dev.type == "cuda":
+                self._mask_host = self._mask_host.pin_memory()
+                self._mask_device = allocate_vocab_mask(R, V, dev)
+        B = len(rows)
+        host = self._mask_host[:B]
+        fill_vocab_mask(rows, host)
+        if self._mask_device is self._mask_host:
+            return host
+        device = self._mask_device[:B]
+        device.copy_(host, non_blocking=True)
+        return device
 
     def process(self, step: LaunchedStep) -> None:
         """一步的结果：每个请求的新 token，判断是否结束；结束的释放资源，prefill 完的插进前缀缓存、转入 decode。"""
@@ -189,6 +244,13 @@ class Scheduler(SchedulerIOMixin):
                 continue
             # 中止了的、被撤回的（它的 token 不发：恢复后重新生成）；或者分块还没算完、没有 token 的
             if self.running.get(req.uid) is not req or not has_token:
+                continue
+            grammar = self.grammars.get(req.uid)
+            if grammar is not None and not grammar.accept(token):  # 掩码盖好了就不会发生：是 bug，只中止这一个请求
+                logger.error(f"request {req.uid}: token {token} was sampled outside its grammar's mask; "
+                             f"aborting the request")
+                self._finish(req)
+                replies.append(DetokenizeMsg(req.uid, -1, True, "abort"))
                 continue
             req.append_host(token)
             reason = self._finish_reason(req, token)
@@ -210,14 +272,17 @@ class Scheduler(SchedulerIOMixin):
         return True
 
     def overlap_step(self) -> bool:
-        """重叠的一步：先把第 N 步提交给 GPU，再处理第 N-1 步的结果——CPU 的工作藏在 GPU 的计算后面。"""
+        """重叠的一步：先把第 N 步提交给 GPU，再处理第 N-1 步的结果——CPU 的工作藏在 GPU 的计算后面。
+        （附录：第 N-1 步的结果由 launch 处理，批里有受约束的请求时在前向和采样之间。）"""
         batch = self.schedule_next_batch()
-        launched = self.launch(batch) if batch is not None else None
+        last, self._last = self._last, None
         self._in_flight = {r.uid for r in batch.reqs} if batch is not None else set()
-        last, self._last = self._last, launched
-        if last is not None:
-            self.process(last)
-        return launched is not None or last is not None
+        if batch is None:
+            if last is not None:
+                self.process(last)
+            return last is not None
+        self._last = self.launch(batch, last)
+        return True
 
     def _drain(self) -> None:
         """不等下一步提交，先把飞行中的那一步处理完：延迟释放的请求随之释放（这一步没有重叠）。"""
@@ -237,6 +302,9 @@ class Scheduler(SchedulerIOMixin):
         sp = req.sampling_params
         if (not sp.ignore_eos and token in self.eos_ids) or token in sp.stop_token_ids:
             return "stop"
+        grammar = self.grammars.get(req.uid)
+        if grammar is not None and grammar.is_terminated:  # 语法走完（吃进了结束符）：输出完整、合法
+            return "stop"
         if req.host_len >= req.max_device_len:  # 数 CPU 上已有的 token：重叠时 device_len 已经走到下一步了
             return "length"
         return None
@@ -246,6 +314,7 @@ class Scheduler(SchedulerIOMixin):
         del self.running[req.uid]
         self.decode.remove(req)
         self._first_hit.pop(req.uid, None)
+        self.grammars.pop(req.uid, None)
         if req.uid in self._in_flight:
             self._deferred[req.uid] = req
         else:

@@ -1,7 +1,8 @@
-# Tangled from book/chapters/ch15_server.ipynb and ch16_scale.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch15_server.ipynb and ch16_scale.ipynb and ch17_structured.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import re
@@ -13,13 +14,14 @@ from typing import Any, AsyncIterator, Dict, List, Literal, Tuple
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
 from minisgl import __version__
 from minisgl.core import SamplingParams
 from minisgl.message import (AbortMsg, BaseFrontendMsg, BaseTokenizerMsg, BatchFrontendMsg, SchedulerStats,
                              TokenizeMsg, UserReply)
+from minisgl.structured import JSON_OBJECT_SCHEMA, check_grammar
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
@@ -240,6 +242,18 @@ class ChatMessage(_Strict):
 class StreamOptions(_Strict):
     include_usage: bool = False
 
+class JsonSchemaFormat(_Strict):
+    """response_format 里的 json_schema（OpenAI 的形状）。"""
+
+    name: str
+    schema_: Dict[str, Any] = Field(alias="schema")  # BaseModel 自己有个 schema 方法：换个名字，按原名收
+    description: str | None = None
+    strict: bool | None = None  # 给不给、给什么，我们都严格按 schema 生成
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None  # type 是 json_schema 时必须给
+
 class _OpenAIRequest(_Strict):
     """OpenAI 的每个接口都有的字段：模型名，和 OpenAI 说忽略也不改变输出的几个。"""
 
@@ -276,6 +290,10 @@ class _SamplingRequest(_OpenAIRequest):
     no_stop_trim: Literal[False] = False  # 输出里留着 stop 字符串
     skip_special_tokens: Literal[True] = True  # 输出里去掉特殊 token
     return_hidden_states: Literal[False] = False
+    # 结构化输出（附录）：OpenAI 的 response_format，和 SGLang 的两个扩展字段；至多给一个
+    response_format: ResponseFormat | None = None
+    regex: str | None = None  # 输出整个匹配这个正则
+    ebnf: str | None = None  # 输出合乎这个 EBNF 文法（起始规则叫 root）
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: List[ChatMessage] | None = None
@@ -283,7 +301,6 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None  # 新版 OpenAI 接口对 max_tokens 的叫法
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: Dict[str, Any] | None = None  # 只认 {"type": "text"}（默认）
     modalities: List[str] | None = None  # 只认 ["text"]（默认）
     chat_template_kwargs: Dict[str, Any] | None = None  # 例如 {"enable_thinking": false}
     continue_final_message: Literal[False] = False  # SGLang：接着最后一条 assistant 消息往下写
@@ -324,10 +341,46 @@ def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesR
     kwargs.update(temperature=req.temperature, max_tokens=max_tokens)
     if top_logprobs is not None:
         kwargs.update(logprobs=True, top_logprobs=top_logprobs)
+    param, grammar = _grammar(req)
+    kwargs.update(grammar)
     try:
-        return SamplingParams(**kwargs)
+        sp = SamplingParams(**kwargs)
     except ValueError as e:  # SamplingParams 的错误以字段名开头："top_p=0 must be in (0, 1]"
         raise APIError(400, str(e), param=str(e).split("=")[0]) from None
+    if sp.grammar is not None:  # 坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它
+        try:
+            _check_grammar(*sp.grammar)
+        except ValueError as e:
+            raise APIError(400, f"{param}: {e}" if param == "response_format" else str(e), param=param) from None
+        except ImportError:
+            raise APIError(400, f"{param} needs structured output, which needs xgrammar on this server "
+                                f"(pip install xgrammar)", param=param) from None
+    return sp
+
+def _grammar(req: Any) -> Tuple[str | None, Dict[str, str]]:
+    """response_format / regex / ebnf → SamplingParams 的 json_schema / regex / ebnf：(请求里的参数名, 字段)。
+    json_object 是"任意一个 JSON 对象"的 schema；{"type": "text"} 和没给一样。"""
+    given: List[Tuple[str, str, str]] = []  # (参数名, 字段名, 原文)
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None and fmt.type == "json_object":
+        given.append(("response_format", "json_schema", JSON_OBJECT_SCHEMA))
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise APIError(400, 'response_format of type "json_schema" needs "json_schema": {"name": ..., '
+                                '"schema": {...}}', param="response_format")
+        given.append(("response_format", "json_schema", json.dumps(fmt.json_schema.schema_, ensure_ascii=False)))
+    for name in ("regex", "ebnf"):
+        if getattr(req, name, None) is not None:
+            given.append((name, name, getattr(req, name)))
+    if len(given) > 1:
+        raise APIError(400, f"{given[1][0]} cannot be combined with {given[0][0]}: give at most one of "
+                            f"response_format, regex and ebnf", param=given[1][0])
+    return (given[0][0], {given[0][1]: given[0][2]}) if given else (None, {})
+
+@functools.lru_cache(maxsize=1024)
+def _check_grammar(kind: str, spec: str) -> None:
+    """check_grammar（不用分词器，毫秒级），记住通过了的 spec：同一个 schema 反复来，只查一次。"""
+    check_grammar(kind, spec)
 
 def _stop(req: ChatCompletionRequest | CompletionRequest) -> List[str]:
     return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -503,9 +556,6 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
         text = req.prompt
     else:
         raise APIError(400, "give a non-empty 'messages' list (or a 'prompt')", param="messages")
-    if req.response_format not in (None, {"type": "text"}):
-        raise APIError(400, f"response_format {json.dumps(req.response_format)[:80]} is not supported: "
-                            f"only plain text output", param="response_format")
     if req.modalities not in (None, ["text"]):
         raise APIError(400, f"modalities={req.modalities} is not supported: only ['text']", param="modalities")
     if req.top_logprobs is not None and not req.logprobs:
