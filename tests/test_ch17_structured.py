@@ -537,7 +537,7 @@ def test_gpu_cuda_graphs_and_overlap(tiny_qwen3_hd128, checker: GrammarBackend, 
     llm = LLM(tiny_qwen3_hd128, device="cuda", dtype="bfloat16", attention_backend="fi", page_size=16,
               num_pages=1024, max_seq_len_override=512, cuda_graph_max_bs=16, enable_overlap=True)
     try:
-        assert llm.graph_runner.batch_sizes, "CUDA graphs were not captured"
+        assert llm.engine.graph_runner.batch_sizes, "CUDA graphs were not captured"
         prompts, params = mixed_requests()
         person = json.dumps(PERSON)
         prompts += [f"Person {i}:" for i in range(4)]

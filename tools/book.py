@@ -222,12 +222,27 @@ def bundle_mathjax() -> None:
         (shutil.copytree if src.is_dir() else shutil.copyfile)(src, dest / part)
 
 
+def test_cell_problems(paths: List[Path]) -> List[str]:
+    """The root conftest.py's check of each chapter's test cell (exactly one, compared, a passing run stored)."""
+    import json
+
+    sys.path.insert(0, str(ROOT))
+    from conftest import _test_cell_problems
+
+    return [p for path in paths for p in _test_cell_problems(
+        path, [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"])]
+
+
 def cmd_nbval(names: List[int], workers: int) -> int:
     """Each notebook runs in its own kernel on one of `workers` pytest-xdist workers (a whole notebook per worker,
     --dist loadfile), longest first (by the test time stored in its test cell), each with one torch thread."""
     paths = [chapter_path(n) for n in names] if names else chapters()
     if not paths:
         print("no chapter notebooks")
+        return 1
+    problems = test_cell_problems(paths)
+    if problems:  # the root conftest.py stops the collection for these too, but under xdist only as a worker crash
+        print("chapter test cells:\n  " + "\n  ".join(problems))
         return 1
     workers = max(1, min(workers, len(paths)))
     env = dict(os.environ)

@@ -7,7 +7,8 @@ FlashInfer 0.6 compiles each kernel family with nvcc on first use (tens of secon
 when the engine meets them). Here each family is compiled by its own process, in parallel; the results land
 in FlashInfer's cache (~/.cache/flashinfer, or $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) for every later
 process. Families: paged prefill and tensor-core decode (bf16, per head_dim, each its own process),
-rmsnorm + fused_add_rmsnorm, RoPE with a cos/sin cache, silu_and_mul.
+rmsnorm + fused_add_rmsnorm, RoPE with a cos/sin cache, silu_and_mul, the sampling module (softmax, top-k/top-p
+rejection sampling; the engine's Sampler also builds it at startup).
 """
 from __future__ import annotations
 
@@ -68,13 +69,22 @@ def _act() -> None:
     torch.cuda.synchronize()
 
 
+def _sampling() -> None:
+    import flashinfer.sampling as fs
+    import torch
+
+    probs = fs.softmax(torch.zeros(2, 1000, device="cuda"), temperature=1.0)
+    fs.top_k_top_p_sampling_from_probs(probs, 50, 0.9)
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     jobs = [(f"{kind} head_dim {d}", _attention, (d, kind)) for d in args.head_dims for kind in ("decode", "prefill")]
-    jobs += [("rmsnorm", _norm, ()), ("rope", _rope, ()), ("silu_and_mul", _act, ())]
+    jobs += [("rmsnorm", _norm, ()), ("rope", _rope, ()), ("silu_and_mul", _act, ()), ("sampling", _sampling, ())]
     t0 = time.time()
     procs = [(name, ctx.Process(target=fn, args=a)) for name, fn, a in jobs]
     for _, p in procs:

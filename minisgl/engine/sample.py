@@ -175,6 +175,9 @@ class Sampler:
         self.device, self.vocab_size, self.random_seed = device, vocab_size, random_seed
         self._fi = _flashinfer_sampling() if use_flashinfer and device.type == "cuda" else None
         self._generator: torch.Generator | None = None  # FlashInfer 用；第一次用时建
+        if self._fi is not None:  # FlashInfer 第一次用采样 kernel 时现场编译（一分钟上下）：放在启动时，不让第一个请求等
+            probs = self._fi.softmax(torch.zeros(1, vocab_size, device=device), temperature=1.0)  # [1, V]
+            self._fi.top_p_sampling_from_probs(probs, 0.9, generator=torch.Generator(device=device).manual_seed(0))
 
     def prepare(self, reqs: List[Req], *, token_pool: torch.Tensor | None = None,
                 prompt_lens: Sequence[int] | None = None) -> BatchSamplingArgs:
