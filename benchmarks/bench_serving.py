@@ -15,8 +15,9 @@ top_p 0.9), or both, one after the other on the same server. --max-tokens-unset 
 max_tokens and without ignore_eos instead: every answer runs to its EOS or to the end of the context, as a chat client
 that never sets max_tokens does (the output length then varies per request). With --client-procs N the measured run is shared by N processes, so that one Python
 event loop parsing every stream does not set the pace. On a CPU (or with --hf-baseline) the same prompts are then generated with
-transformers in this process, one request at a time (greedy `generate`, same output length): what serving with
-a plain loop over requests gives. The ratio is minisgl's output throughput over that one.
+transformers in this process, greedy `generate` with the same output length, twice: one request at a time (what
+serving with a plain loop over requests gives) and in static batches of --concurrency (left padding: what a batch
+job with plain transformers gives). Each line ends with minisgl's output throughput over that one.
 
 Where the time goes: the CPU seconds each process spent during the measured run — each client process, and, when the
 server was started here, each process of its group (API server, scheduler, detokenizer, tokenizers, named by
@@ -215,24 +216,32 @@ def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int
     return results, max(p[2] for p in parts) - min(p[1] for p in parts), [p[3] for p in parts]
 
 
-def hf_baseline(model: str, prompts: List[str], output_len: int) -> Tuple[List[float], float]:
-    """transformers, one request at a time: the same prompts, exactly output_len greedy tokens each."""
+def hf_baseline(model: str, prompts: List[str], output_len: int, batch: int = 1) -> Tuple[List[float], float]:
+    """transformers on the same prompts, exactly output_len greedy tokens each: one request at a time (batch 1), or
+    static batches of `batch` in submission order (left padding; every row of a batch finishes together)."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
     m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     lat = []
-    t0 = time.perf_counter()
     with torch.inference_mode():
-        for p in tqdm(prompts, desc="transformers x1"):
-            ids = torch.tensor([tok.encode(p)])
+        m.generate(torch.tensor([tok.encode(prompts[0])[:8]]), max_new_tokens=2, do_sample=False,
+                   pad_token_id=pad)  # warm-up
+        t0 = time.perf_counter()
+        for i in tqdm(range(0, len(prompts), batch), desc=f"transformers x{batch}"):
+            rows = [tok.encode(p) for p in prompts[i:i + batch]]
+            L = max(len(r) for r in rows)
+            ids = torch.tensor([[pad] * (L - len(r)) + r for r in rows])
+            mask = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
             t = time.perf_counter()
-            out = m.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False)
-            assert out.shape[1] - ids.shape[1] == output_len
-            lat.append(time.perf_counter() - t)
-    return lat, time.perf_counter() - t0
+            out = m.generate(ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+                             do_sample=False, pad_token_id=pad)
+            assert out.shape[1] - L == output_len
+            lat += [time.perf_counter() - t] * len(rows)
+        return lat, time.perf_counter() - t0
 
 
 def group_cpu(pgid: int) -> Dict[int, Tuple[str, float, int]]:
@@ -377,11 +386,12 @@ def main() -> None:
     if use_hf and (workload != "greedy" or args.max_tokens_unset):
         print("(no transformers baseline: it runs the greedy /v1/completions workload only)")
     elif use_hf:
-        lat, hf_wall = hf_baseline(model, prompts, args.output_len)
-        hf = tokens / hf_wall
-        print(f"transformers, one request at a time: {hf_wall:.1f} s, {hf:.1f} output tok/s, "
-              f"E2E p50 {pct(lat, 50):.3f} s")
-        print(f"minisgl / transformers throughput: {ours / hf:.2f}x")
+        for batch in sorted({1, args.concurrency}):
+            lat, hf_wall = hf_baseline(model, prompts, args.output_len, batch)
+            hf = tokens / hf_wall
+            how = "one request at a time" if batch == 1 else f"static batches of {batch} (generate, left padding)"
+            print(f"transformers, {how}: {hf_wall:.1f} s, {hf:.1f} output tok/s, E2E p50 {pct(lat, 50):.3f} s; "
+                  f"minisgl / this: {ours / hf:.2f}x")
 
 
 if __name__ == "__main__":
