@@ -64,9 +64,9 @@ class Result:
         return (self.e2e - self.ttft) / max(self.output_tokens - 1, 1)
 
 
-def make_prompts(n: int, input_len: int, seed: int = 0) -> List[str]:
+def make_prompts(n: int, input_len: int, seed: int = 0, tag: str = "Request") -> List[str]:
     rng = random.Random(seed)
-    return [f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(input_len - 4)) for i in range(n)]
+    return [f"{tag} {i}: " + " ".join(rng.choice(WORDS) for _ in range(input_len - 4)) for i in range(n)]
 
 
 def free_port() -> int:
@@ -224,11 +224,13 @@ def hf_baseline(model: str, prompts: List[str], output_len: int, batch: int = 1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the server's device and dtype (bf16 on a GPU)
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
+    m = m.to(dev).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     lat = []
     with torch.inference_mode():
-        m.generate(torch.tensor([tok.encode(prompts[0])[:8]]), max_new_tokens=2, do_sample=False,
+        m.generate(torch.tensor([tok.encode(prompts[0])[:8]], device=dev), max_new_tokens=2, do_sample=False,
                    pad_token_id=pad)  # warm-up
         t0 = time.perf_counter()
         for i in tqdm(range(0, len(prompts), batch), desc=f"transformers x{batch}"):
@@ -237,9 +239,11 @@ def hf_baseline(model: str, prompts: List[str], output_len: int, batch: int = 1)
             ids = torch.tensor([[pad] * (L - len(r)) + r for r in rows])
             mask = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
             t = time.perf_counter()
-            out = m.generate(ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
-                             do_sample=False, pad_token_id=pad)
+            out = m.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=output_len,
+                             min_new_tokens=output_len, do_sample=False, pad_token_id=pad)
             assert out.shape[1] - L == output_len
+            if dev == "cuda":
+                torch.cuda.synchronize()
             lat += [time.perf_counter() - t] * len(rows)
         return lat, time.perf_counter() - t0
 
@@ -322,6 +326,7 @@ def main() -> None:
     else:
         model = str(resolve_model_path(args.model))
     prompts = make_prompts(args.num_requests, args.input_len)
+    warmup = make_prompts(args.concurrency, args.input_len, seed=1, tag="Warm-up")  # 和计时的提示词不同：预热不给前缀缓存铺路
     proc = None
     url = args.url
     # SIGTERM (e.g. from `timeout`) exits through the finally below, which takes the server's process group down too
@@ -333,7 +338,7 @@ def main() -> None:
             wait_ready(proc, url, log)
         runs = []  # (workload, results, wall, cpu) per workload
         for workload in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling]):
-            asyncio.run(run_clients(url, prompts[: args.concurrency], args.output_len, args.concurrency,
+            asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency,
                                     args.api_key, workload, args.max_tokens_unset))  # warm-up
             before = group_cpu(proc.pid) if proc is not None else {}
             try:

@@ -45,6 +45,9 @@ step "steps.py check --static: each chapter's example compiles and imports only 
 
 # The book first (a few minutes): it reads only stored outputs, so a broken build is known before the long
 # notebook run.
+step "book: lint (no project-internal words — leases, issue numbers, paths outside the repository — on a page a reader sees)"
+"$PY" tools/book.py lint
+
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
 

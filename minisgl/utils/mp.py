@@ -75,9 +75,6 @@ class ZmqPullQueue(_ZmqSocket, Generic[T]):
         self._wait(timeout)
         return self.socket.recv()
 
-    def get_nowait(self) -> T:
-        return self.get(timeout=0)
-
 
 class ZmqPubQueue(ZmqPushQueue[T]):
     """PUB：每条消息给每个已经订阅上的 SUB 端（订阅上之前发的会丢）。"""

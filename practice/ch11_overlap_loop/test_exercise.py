@@ -12,7 +12,7 @@ def test_every_request_released_exactly_once():
     assert sorted(u for u, _ in released) == ["a", "b", "c"]
 
 
-def test_finished_request_in_flight_is_released_after_that_step():
+def test_abort_of_in_flight_request_waits_for_that_step():
     # a 要 3 个 token；b 要 1 个。a 被中止于第 1 轮：那时步 1 在飞行中，a 在里面 → 等步 1 处理完（第 2 轮）再释放
     outputs, released = simulate({"a": 3, "b": 1}, {1: ["a"]})
     assert outputs == {"a": [], "b": [0]}
@@ -33,3 +33,10 @@ def test_abort_of_finished_or_unknown_does_nothing():
 def test_tokens_after_abort_are_dropped():
     outputs, _ = simulate({"a": 10}, {3: ["a"]})
     assert outputs["a"] == [0, 1]  # 步 0、1 在中止前处理；步 2 在第 3 轮处理时 a 已中止，步 3 丢掉
+
+
+def test_release_rounds_exact():
+    # 被中止时在飞行中的请求，要等它最后在的那一步处理完才释放——不早一轮，也不晚一轮
+    assert simulate({"a": 5}, {2: ["a"]}) == ({"a": [0]}, [("a", 3)])
+    assert simulate({"a": 4, "b": 4}, {2: ["a"], 3: ["b"]}) == ({"a": [0], "b": [0, 1]}, [("a", 3), ("b", 4)])
+    assert simulate({"a": 6, "b": 2}, {1: ["a"]}) == ({"a": [], "b": [0, 1]}, [("a", 2), ("b", 2)])
