@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import tempfile
 from pathlib import Path
+from typing import Tuple
 
 import torch
 
@@ -40,13 +42,14 @@ def random_checkpoint(config_path: Path, folder: Path) -> Path:
     return folder
 
 
-def decode_engine(folder: Path, max_bs: int, context: int, graphs: int):
-    """fi 后端、页大小 16 的引擎，池子够 max_bs 个请求各 context + 64 个 token；页表第 i 行指向自己的一段槽。"""
+def decode_engine(folder: Path, max_bs: int, context: int, graphs: int, **config):
+    """fi 后端、页大小 16 的引擎，池子够 max_bs 个请求各 context + 64 个 token；页表第 i 行指向自己的一段槽。
+    config：EngineConfig 的其余字段（如 use_dummy_weight=True）。"""
     from minisgl.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(folder, attention_backend="fi", page_size=16, max_running_req=max_bs,
                                  max_seq_len_override=context + 64, num_pages=max_bs * (context + 64) // 16 + 16,
-                                 cuda_graph_max_bs=graphs))
+                                 cuda_graph_max_bs=graphs, **config))
     P = engine.config.page_size
     table = torch.arange(max_bs * engine.page_table.shape[1], dtype=torch.int32, device="cuda")
     engine.page_table[:max_bs] = table.view(max_bs, -1) % (engine.num_pages * P)
@@ -67,6 +70,28 @@ def decode_batch(reqs: list, context: int):
     for r in reqs:
         r.cached_len, r.device_len = context - 1, context
     return Batch(reqs, "decode")
+
+
+def time_decode(engine, bs: int, context: int, steps: int = 40, warmup: int = 10) -> Tuple[float, float]:
+    """bs 个请求的一步 decode，CUDA 事件计时、取中位数：(一步 ms, 前向 ms)。"一步"含 prepare_batch 和采样参数的准备
+    （CPU：拼输入、plan，第 11 章的重叠调度把它藏到 GPU 计算后面），"前向"只有 forward_batch。"""
+    reqs = decode_reqs(bs, context)
+    times = []
+    with torch.inference_mode():
+        for step in range(steps):
+            batch = decode_batch(reqs, context)
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            torch.cuda.synchronize()
+            ev[0].record()
+            engine.prepare_batch(batch)
+            args = engine.sampler.prepare(reqs)
+            ev[1].record()
+            engine.forward_batch(batch, args)
+            ev[2].record()
+            torch.cuda.synchronize()
+            if step >= warmup:
+                times.append((ev[0].elapsed_time(ev[2]), ev[1].elapsed_time(ev[2])))
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 
 def copy_bandwidth() -> float:
@@ -113,24 +138,7 @@ def main() -> None:
         per_token = 2 * engine.model_config.num_layers * engine.kv_cache.k_cache(0).shape[1] * \
             engine.model_config.head_dim * engine.dtype.itemsize
         for bs in args.batch_sizes:
-            reqs = decode_reqs(bs, ctx)
-            times = []
-            with torch.inference_mode():
-                for step in range(40):
-                    batch = decode_batch(reqs, ctx)
-                    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-                    torch.cuda.synchronize()
-                    ev[0].record()
-                    engine.prepare_batch(batch)  # CPU：拼输入、plan（第 11 章的重叠调度把它藏到 GPU 计算后面）
-                    args_ = engine.sampler.prepare(reqs)
-                    ev[1].record()
-                    engine.forward_batch(batch, args_)
-                    ev[2].record()
-                    torch.cuda.synchronize()
-                    if step >= 10:
-                        times.append((ev[0].elapsed_time(ev[2]), ev[1].elapsed_time(ev[2])))
-            step_ms = sorted(t[0] for t in times)[len(times) // 2]
-            fwd_ms = sorted(t[1] for t in times)[len(times) // 2]
+            step_ms, fwd_ms = time_decode(engine, bs, ctx)
             # 一步真正读的：权重（没绑定时词嵌入只读 bs 行，不是整张表）+ 活着的 KV
             read = weight_bytes - untied * (embed.numel() - bs * embed.shape[1]) * embed.element_size()
             floor_ms = (read + bs * ctx * per_token) / bw * 1000

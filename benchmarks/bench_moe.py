@@ -212,8 +212,7 @@ def step_floor_bytes(engine, batch: int, context: int) -> Dict[str, float]:
 
 def run_decode(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(BENCH))
-    from bench_decode import decode_batch, decode_reqs
-    from minisgl.engine import Engine, EngineConfig
+    from bench_decode import decode_engine, time_decode
 
     bw = copy_bandwidth()
     folder = model_folder(args.config, args.num_layers)
@@ -222,33 +221,11 @@ def run_decode(args: argparse.Namespace) -> None:
     try:
         for graphs in args.graphs:
             t0 = time.perf_counter()
-            engine = Engine(EngineConfig(folder, attention_backend="fi", page_size=16, max_running_req=max_bs,
-                                         max_seq_len_override=ctx + 64, num_pages=max_bs * (ctx + 64) // 16 + 16,
-                                         cuda_graph_max_bs=graphs, use_dummy_weight=True))
+            engine = decode_engine(folder, max_bs, ctx, graphs, use_dummy_weight=True)
             startup = time.perf_counter() - t0
-            P = engine.config.page_size
-            table = torch.arange(max_bs * engine.page_table.shape[1], dtype=torch.int32, device="cuda")
-            engine.page_table[:max_bs] = table.view(max_bs, -1) % (engine.num_pages * P)
             mc = engine.model_config
             for bs in args.batch_sizes:
-                reqs = decode_reqs(bs, ctx)
-                times = []
-                with torch.inference_mode():
-                    for step in range(40):
-                        batch = decode_batch(reqs, ctx)
-                        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-                        torch.cuda.synchronize()
-                        ev[0].record()
-                        engine.prepare_batch(batch)
-                        sargs = engine.sampler.prepare(reqs)
-                        ev[1].record()
-                        engine.forward_batch(batch, sargs)
-                        ev[2].record()
-                        torch.cuda.synchronize()
-                        if step >= 10:
-                            times.append((ev[0].elapsed_time(ev[2]), ev[1].elapsed_time(ev[2])))
-                step_ms = statistics.median(t[0] for t in times)
-                fwd_ms = statistics.median(t[1] for t in times)
+                step_ms, fwd_ms = time_decode(engine, bs, ctx)
                 parts = step_floor_bytes(engine, bs, ctx)
                 floor_ms = (parts["experts"] + parts["other"] + parts["kv"]) / bw * 1000
                 rows.append(dict(layers=mc.num_layers, graphs=bool(graphs), batch=bs, step_ms=step_ms,

@@ -15,23 +15,9 @@
 # inside .build/trees/chNN; NCCL ones when two GPUs are present); the notebook cells tagged gpu (outputs stored
 # back; the notebooks come back under $OUT/notebooks/); the benchmarks, each writing a table (.txt) and JSON.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
+GPU_TAG=gpu_check
+. "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT/notebooks"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-rc=0
-run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
-  local name=$1; shift
-  echo "=== $name: $*"
-  "$@" 2>&1 | grep -v "Loading weights" | tee "$OUT/$name.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: $name FAILED"; rc=1; }
-}
 has() { case " ${BENCHES:-decode offline peer hf serving structured} " in *" $1 "*) return 0;; esac; return 1; }
 {
   nvidia-smi -L

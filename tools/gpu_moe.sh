@@ -15,21 +15,8 @@
 # one MoE block per batch size against its floor (chapter 4's GPU cell runs the same); the engine's decode step
 # with dummy weights at batch 1, 8, 64, 256 against its floor; the offline workload, minisgl and upstream.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-if [ -d .whl ] && [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
-export PYTHONUNBUFFERED=1
-rc=0
-run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
-  local name=$1; shift
-  echo "=== $name: $*"
-  "$@" 2>&1 | grep -v "Loading weights" | tee "$OUT/$name.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_moe: $name FAILED"; rc=1; }
-}
+GPU_TAG=gpu_moe
+. "$(dirname "$0")/gpu_env.sh"
 phase() { case " ${MOE_PHASES:-tests production layer decode offline} " in *" $1 "*) return 0;; esac; return 1; }
 layers=(); [ -n "${MOE_LAYERS:-}" ] && layers=(--num-layers "$MOE_LAYERS")
 # FlashInfer compiles its kernels on first use (minutes): in parallel up front, unless gpu_check.sh already did
