@@ -75,12 +75,16 @@ def test_prefix_is_shared_while_the_first_request_decodes(tiny_qwen3) -> None:
     s.shutdown()
 
 
-def test_requests_sharing_a_prefix_wait_for_one_to_compute_it(tiny_qwen3) -> None:
-    """三个共享 64 个 token 前缀的请求一起到达：只有一个去算这个前缀，另外两个等一步，然后命中缓存。"""
-    system = list(range(2000, 2064))
+def shared_prefix_scheduler(tiny_qwen3):
+    """等共享前缀的两个测试用的：页大小 1 的调度器、64 个 token 的共同前缀、4 个 token 的贪心采样参数。"""
     s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=1, num_pages=512, max_running_req=4,
                                              max_seq_len_override=128))
-    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    return s, list(range(2000, 2064)), SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+def test_requests_sharing_a_prefix_wait_for_one_to_compute_it(tiny_qwen3) -> None:
+    """三个共享 64 个 token 前缀的请求一起到达：只有一个去算这个前缀，另外两个等一步，然后命中缓存。"""
+    s, system, sp = shared_prefix_scheduler(tiny_qwen3)
     s.receive_msg(BatchBackendMsg([UserMsg(i, torch.tensor(system + [10 + i], dtype=torch.int32), sp)
                                    for i in range(3)]))
     with torch.inference_mode():
@@ -96,10 +100,7 @@ def test_requests_sharing_a_prefix_wait_for_one_to_compute_it(tiny_qwen3) -> Non
 
 def test_waiting_for_a_shared_prefix_is_bounded(tiny_qwen3) -> None:
     """A 接纳了、还没算（这一步的 prefill 没提交）：共享它前缀的 B 每一步都让，但最多让 MAX_WAIT_STEPS 步。"""
-    system = list(range(2000, 2064))
-    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=1, num_pages=512, max_running_req=4,
-                                             max_seq_len_override=128))
-    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    s, system, sp = shared_prefix_scheduler(tiny_qwen3)
     s.receive_msg(UserMsg(0, torch.tensor(system + [1], dtype=torch.int32), sp))
     assert [r.uid for r in s.schedule_next_batch().reqs] == [0]
     s.receive_msg(UserMsg(1, torch.tensor(system + [2], dtype=torch.int32), sp))

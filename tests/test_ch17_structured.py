@@ -108,30 +108,22 @@ def test_random_schemas_parse_and_validate(vocab: Vocab, schema: dict, seed: int
     jsonschema.validate(json.loads(text), schema)
 
 
-def regex_of(node: tuple) -> str:
-    kind, *args = node
-    if kind == "lit":
-        return args[0]
-    if kind == "class":
-        return f"[{args[0]}]"
-    if kind == "seq":
-        return "".join(f"({regex_of(n)})" for n in args[0])
-    if kind == "alt":
-        return "(" + "|".join(f"({regex_of(n)})" for n in args[0]) + ")"
-    return f"({regex_of(args[0])}){args[1]}"
+SYNTAX = {"regex": (str, "", "|"), "ebnf": (json.dumps, " ", " | ")}  # 字面量的写法、连接符、"或"的分隔符
 
-def ebnf_of(node: tuple) -> str:
-    """同一棵树写成 EBNF：和 regex_of 描述同一个语言。"""
+
+def render(node: tuple, syntax: str) -> str:
+    """同一棵树写成正则（syntax="regex"）或 EBNF（"ebnf"）：两者描述同一个语言。"""
+    lit, cat, alt = SYNTAX[syntax]
     kind, *args = node
     if kind == "lit":
-        return json.dumps(args[0])
+        return lit(args[0])
     if kind == "class":
         return f"[{args[0]}]"
-    if kind == "seq":
-        return " ".join(f"({ebnf_of(n)})" for n in args[0])
-    if kind == "alt":
-        return "(" + " | ".join(f"({ebnf_of(n)})" for n in args[0]) + ")"
-    return f"({ebnf_of(args[0])}){args[1]}"
+    if kind in ("seq", "alt"):
+        joined = (cat if kind == "seq" else alt).join(f"({render(n, syntax)})" for n in args[0])
+        return joined if kind == "seq" else f"({joined})"
+    return f"({render(args[0], syntax)}){args[1]}"
+
 
 patterns = st.recursive(
     st.tuples(st.just("lit"), st.text(st.sampled_from("abxyz019"), min_size=1, max_size=3))
@@ -145,9 +137,9 @@ patterns = st.recursive(
 @given(node=patterns, seed=st.integers(0, 2**31), kind=st.sampled_from(["regex", "ebnf"]))
 def test_random_regex_and_ebnf_fullmatch(vocab: Vocab, node: tuple, seed: int, kind: str) -> None:
     """随机的正则（字面量、字符类、拼接、选择、? * + {m,n}），以正则或等价的 EBNF 给出：输出被 re.fullmatch 接受。"""
-    spec = regex_of(node) if kind == "regex" else "root ::= " + ebnf_of(node)
+    spec = render(node, "regex") if kind == "regex" else "root ::= " + render(node, "ebnf")
     text = generate(vocab, vocab.backend.grammar(kind, spec), seed, bias=4.0)
-    assert re.fullmatch(regex_of(node), text), (spec, text)
+    assert re.fullmatch(render(node, "regex"), text), (spec, text)
 
 ARITH = 'root ::= expr\nexpr ::= term (("+" | "*") term)*\nterm ::= num | "(" expr ")"\nnum ::= [1-9] [0-9]?'
 
