@@ -216,17 +216,24 @@ def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int
     return results, max(p[2] for p in parts) - min(p[1] for p in parts), [p[3] for p in parts]
 
 
-def hf_baseline(model: str, prompts: List[str], output_len: int, batch: int = 1) -> Tuple[List[float], float]:
-    """transformers on the same prompts, exactly output_len greedy tokens each: one request at a time (batch 1), or
-    static batches of `batch` in submission order (left padding; every row of a batch finishes together)."""
+def load_hf(model: str):
+    """transformers' model on the server's device and dtype (bf16 on a GPU), with its tokenizer."""
     import torch
-    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the server's device and dtype (bf16 on a GPU)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
-    m = m.to(dev).eval()
+    return AutoTokenizer.from_pretrained(model), m.to(dev).eval()
+
+
+def hf_baseline(hf, prompts: List[str], output_len: int, batch: int = 1) -> Tuple[List[float], float]:
+    """transformers (load_hf) on the same prompts, exactly output_len greedy tokens each: one request at a time (batch
+    1), or static batches of `batch` in submission order (left padding; every row of a batch finishes together)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    tok, m = hf
+    dev = m.device
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     lat = []
     with torch.inference_mode():
@@ -242,7 +249,7 @@ def hf_baseline(model: str, prompts: List[str], output_len: int, batch: int = 1)
             out = m.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=output_len,
                              min_new_tokens=output_len, do_sample=False, pad_token_id=pad)
             assert out.shape[1] - L == output_len
-            if dev == "cuda":
+            if dev.type == "cuda":
                 torch.cuda.synchronize()
             lat += [time.perf_counter() - t] * len(rows)
         return lat, time.perf_counter() - t0
@@ -391,8 +398,9 @@ def main() -> None:
     if use_hf and (workload != "greedy" or args.max_tokens_unset):
         print("(no transformers baseline: it runs the greedy /v1/completions workload only)")
     elif use_hf:
+        hf_model = load_hf(model)
         for batch in sorted({1, args.concurrency}):
-            lat, hf_wall = hf_baseline(model, prompts, args.output_len, batch)
+            lat, hf_wall = hf_baseline(hf_model, prompts, args.output_len, batch)
             hf = tokens / hf_wall
             how = "one request at a time" if batch == 1 else f"static batches of {batch} (generate, left padding)"
             print(f"transformers, {how}: {hf_wall:.1f} s, {hf:.1f} output tok/s, E2E p50 {pct(lat, 50):.3f} s; "
