@@ -80,6 +80,12 @@ step "book: lint (no project-internal words — leases, issue numbers, paths out
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
 
+step "benchmarks: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
+"$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
+
+step "benchmarks: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
+"$PY" benchmarks/bench_expand.py --calls 20 --load 0 --threads 1
+
 practice_web() {
   if [ -x /usr/bin/chromium ] && [ -d practice/web/node_modules/playwright-core ] && [ -f _build/html/practice/exercises.json ]; then
     node tools/test_practice_web.mjs _build/html
@@ -89,17 +95,12 @@ practice_web() {
     echo "skipped: no /usr/bin/chromium, playwright-core (practice/web/node_modules) or _build/html/practice (bash tools/install.sh installs them)"
   fi
 }
-# The browser test (about three minutes, mostly one core) runs alongside the judge, the benchmarks and the notebooks.
+# The browser test (about three minutes, mostly waiting on Pyodide in the page) runs alongside the judge and the
+# notebooks; it starts after the benchmarks, whose server takes every core (a busy core slows its OpenMP threads ~5x).
 background "practice page: every browser exercise in headless Chromium (stub fails, reference passes)" practice_web
 
 step "practice: reference solutions pass, untouched stubs fail"
 "$PY" practice/judge.py --self-check
-
-step "benchmarks: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
-"$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
-
-step "benchmarks: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
-"$PY" benchmarks/bench_expand.py --calls 20 --load 0 --threads 1
 
 # Each chapter's tests (tests/test_chNN_*.py inside .build/trees/chNN/, the code as of chapter N) run once, here:
 # every notebook's test cell is `steps.py test N` and its output is compared strictly, and the root conftest.py
