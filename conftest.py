@@ -7,6 +7,9 @@
   that cell, with its own N, not excused from the comparison (nbval-ignore-output, nbval-skip, …), and its
   stored output must be a passing run. Otherwise the collection stops with the reason.
 
+- At the end of the session it prints how long each notebook took (the sum of its cells' durations) and on which
+  pytest-xdist worker it ran, longest first, so a slow notebook is visible.
+
 This file is not seen by `steps.py test`: a chapter's tests run inside .build/trees/chNN/, whose pytest.ini
 makes that tree the rootdir.
 """
@@ -76,3 +79,29 @@ def pytest_collection_modifyitems(config, items):
         cell = getattr(item, "cell", None)
         if cell is not None and "gpu" in cell.get("metadata", {}).get("tags", []):
             item.add_marker(skip)
+
+
+_NOTEBOOK_SECONDS: dict = {}  # notebook -> [seconds, worker]
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    if not path.endswith(".ipynb"):
+        return
+    row = _NOTEBOOK_SECONDS.setdefault(path, [0.0, ""])
+    row[0] += report.duration
+    node = getattr(report, "node", None)  # under pytest-xdist: the worker that ran it
+    if node is not None:
+        row[1] = getattr(getattr(node, "gateway", None), "id", "") or row[1]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _NOTEBOOK_SECONDS:
+        return
+    terminalreporter.write_sep("=", "time per notebook (its cells, summed), longest first")
+    per_worker: dict = {}
+    for path, (seconds, worker) in sorted(_NOTEBOOK_SECONDS.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{seconds:7.1f}s  {worker or '-':>4}  {Path(path).name}")
+        per_worker[worker] = per_worker.get(worker, 0.0) + seconds
+    if len(per_worker) > 1:
+        terminalreporter.write_line("  per worker: " + ", ".join(f"{w} {s:.0f}s" for w, s in sorted(per_worker.items())))

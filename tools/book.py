@@ -233,9 +233,21 @@ def test_cell_problems(paths: List[Path]) -> List[str]:
         path, [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"])]
 
 
+# Seconds each notebook took under `book.py nbval` on a 2-core CPU machine (two notebooks at once; conftest.py prints
+# this table at the end of every run). Only the order matters: the longest go first, so that the last notebook to
+# start is a short one and no core waits at the end. A notebook missing here counts as twice its stored test time.
+NBVAL_SECONDS = {"ch15": 302, "ch11": 230, "ch09": 144, "ch10": 134, "ch16": 133, "ch08": 85, "ch17": 84,
+                 "ch14": 59, "ch05": 40, "ch13": 39, "ch03": 36, "ch04": 34, "ch06": 30, "ch07": 26, "ch12": 23,
+                 "ch01": 17, "ch02": 15}
+
+
+def nbval_seconds(path: Path) -> float:
+    return NBVAL_SECONDS.get(path.stem[:4]) or 2 * stored_test_seconds(path)
+
+
 def cmd_nbval(names: List[int], workers: int) -> int:
     """Each notebook runs in its own kernel on one of `workers` pytest-xdist workers (a whole notebook per worker,
-    --dist loadfile), longest first (by the test time stored in its test cell), each with one torch thread."""
+    --dist loadfile, in the given order), longest first (NBVAL_SECONDS), each with one torch thread."""
     paths = [chapter_path(n) for n in names] if names else chapters()
     if not paths:
         print("no chapter notebooks")
@@ -247,11 +259,13 @@ def cmd_nbval(names: List[int], workers: int) -> int:
     workers = max(1, min(workers, len(paths)))
     env = dict(os.environ)
     if workers > 1:
-        paths = sorted(paths, key=stored_test_seconds, reverse=True)
+        paths = sorted(paths, key=nbval_seconds, reverse=True)
         env.setdefault("OMP_NUM_THREADS", "1")  # 每个内核（和它启动的进程）一个线程：几个笔记本同时跑也不抢核
     cmd = [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
            f"--nbval-sanitize-with={SANITIZE.relative_to(ROOT)}", "-p", "no:cacheprovider", "-q",
-           *(["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []),
+           "--durations=15",  # the slowest cells; conftest.py prints the time per notebook
+           # --no-loadscope-reorder: keep the longest-first order (pytest-xdist would sort by the number of cells)
+           *(["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []),
            *[p.relative_to(ROOT).as_posix() for p in paths]]
     print(" ".join(cmd[2:]))
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode

