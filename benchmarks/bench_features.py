@@ -352,11 +352,13 @@ class StopAt(TimedLLM):
                 self._to_abort.append(r.uid)
 
     def run_step(self) -> bool:
+        aborted = bool(self._to_abort)
         for uid in self._to_abort:
             self.receive_msg(AbortBackendMsg(uid))
         self._to_abort.clear()
         self.running_sizes.append(len(self.running))
-        return super().run_step()
+        # an abort is work done: when the last request ends by one (no step follows), this call still made progress
+        return super().run_step() or aborted
 
 
 def cmd_admission(args) -> None:
