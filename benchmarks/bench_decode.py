@@ -13,7 +13,6 @@ over the device copy bandwidth measured here.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shutil
 import statistics
@@ -146,7 +145,6 @@ def main() -> None:
             rows.append((engine.model_config.architecture, graphs, bs, step_ms, fwd_ms, floor_ms))
         engine.shutdown()
         del engine
-        gc.collect()  # Engine 与 GraphRunner 互相引用：不回收这个环，显存不会还
         torch.cuda.empty_cache()
     name = args.config.stem
     print(f"\n{name}: decode step, context {args.context} tokens per request, bf16, fi attention, page size 16, "

@@ -25,7 +25,6 @@ offline: nano-vllm's protocol scaled to the MoE (128 sequences, lengths uniform 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -235,7 +234,6 @@ def run_decode(args: argparse.Namespace) -> None:
                                  floor_gb={k: v / 1e9 for k, v in parts.items()}))
             engine.shutdown()
             del engine
-            gc.collect()  # Engine 与 GraphRunner 互相引用：不回收这个环，显存不会还
             torch.cuda.empty_cache()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

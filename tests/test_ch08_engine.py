@@ -1,6 +1,8 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
 """第 8 章：Engine 的贪心输出等于 transformers；采样的截断、抽样、seed、惩罚、logit_bias、logprobs 和掩码。"""
+import gc
 import random
+import weakref
 from dataclasses import replace
 from typing import Dict, List, Tuple
 
@@ -82,6 +84,19 @@ def test_engine_greedy_matches_transformers(fixture: str, page_size: int, reques
         engine.shutdown()
     for p, g in zip(PROMPTS, got):
         assert g == hf_greedy(path, p, steps), f"prompt of {len(p)} tokens"
+
+
+def test_engine_is_freed_without_the_garbage_collector(tiny_qwen3) -> None:
+    gc.collect()
+    gc.disable()  # 只靠引用计数：有环的话，这个引擎和它的 KV 池会一直活到下一次 gc
+    try:
+        engine = Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=256, max_seq_len_override=128))
+        alive, pool = weakref.ref(engine), weakref.ref(engine.kv_cache)
+        engine.shutdown()
+        del engine
+        assert alive() is None and pool() is None
+    finally:
+        gc.enable()
 
 
 def test_seeded_sampling_is_independent_of_the_batch(tiny_qwen3) -> None:

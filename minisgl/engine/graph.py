@@ -23,7 +23,6 @@ class GraphRunner:
     """为若干批大小各录一张 decode 的 CUDA Graph；回放前把批补齐到录过的大小。CPU 上什么都不录。"""
 
     def __init__(self, engine: Engine, max_bs: int) -> None:
-        self.engine = engine
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
         max_bs = min(max_bs, engine.config.max_running_req)
         reason = self._why_not(engine, max_bs)
@@ -36,7 +35,7 @@ class GraphRunner:
         self.max_bs = self.batch_sizes[-1]
         self._dummy = Req(torch.zeros(1, dtype=torch.int32), table_idx=engine.page_table.shape[0] - 1,
                           cached_len=0, output_len=1, uid=-1)  # 页表最后一行：所有位置都指向备用页
-        self._capture()
+        self._capture(engine)  # 不留 engine 的引用：引擎持有本对象，反过来再持有会成环，del 引擎时显存不会马上还
 
     @staticmethod
     def _why_not(engine: Engine, max_bs: int) -> str:
@@ -58,8 +57,8 @@ class GraphRunner:
         padded = next(bs for bs in self.batch_sizes if bs >= batch.size)
         batch.padded_reqs = batch.reqs + [self._dummy] * (padded - batch.size)
 
-    def _capture(self) -> None:
-        engine, max_bs = self.engine, self.max_bs
+    def _capture(self, engine: Engine) -> None:
+        max_bs = self.max_bs
         dev = engine.device
         engine.ctx.attn_backend.init_capture_graph(max_bs, engine.page_table.shape[1])
         self.input_ids = torch.zeros(max_bs, dtype=torch.int32, device=dev)
