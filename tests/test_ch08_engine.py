@@ -491,6 +491,20 @@ def test_gpu_seeded_rows_do_not_depend_on_the_batch() -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_seeded_top_p_one_cuts_nothing() -> None:
+    """带 seed、一组里有的行 top_p=0.9、有的行 top_p=1：top_p=1 的行与整组都不开 top-p 时抽到的词相同（u 相同）。"""
+    dev, V, n = torch.device("cuda"), 151936, 512
+    logits = (torch.randn(1, V, generator=torch.Generator().manual_seed(3)) * 2).to(dev, torch.bfloat16).expand(n, V)
+    sampler = Sampler(dev, V, random_seed=0)
+    mixed = [SamplingParams(temperature=0.7, top_k=50, top_p=0.9 if i % 2 else 1.0, seed=i) for i in range(n)]
+    plain = [SamplingParams(temperature=0.7, top_k=50, seed=i) for i in range(n)]
+    a = sampler.sample(logits, sampler.prepare(make_reqs(mixed)))
+    b = sampler.sample(logits, sampler.prepare(make_reqs(plain)))
+    assert torch.equal(a[0::2], b[0::2])
+    assert not torch.equal(a[1::2], b[1::2])  # top_p=0.9 的行确实截了：u 落在被截的尾巴上时换了词
+
+
+@pytest.mark.gpu
 def test_gpu_penalties_and_logprobs_match_transformers(tiny_qwen3_hd128) -> None:
     path = tiny_qwen3_hd128
     engine = Engine(EngineConfig(path, device="cuda", dtype="float32", attention_backend="torch", page_size=1,

@@ -121,8 +121,8 @@ class LogprobsOutput(NamedTuple):
 class SampleGroup:
     """一批里走同一条采样路的若干行，参数已经在设备上。
 
-    kind："full"：没开 top-k/top-p，在整行上抽；"candidates"：每行都开了 top-k 或 top-p，只在前 K 名里抽；
-    "flashinfer"：GPU 上没带 seed 的行，交给 FlashInfer。
+    kind："full"：没开 top-k/top-p，在整行上抽；"candidates"：每行都开了 top-k 或 top-p，CPU 上只在前 K 名里抽，
+    GPU 上由 FlashInfer 截断之后在整行上抽；"flashinfer"：GPU 上没带 seed 的行，整个交给 FlashInfer。
     """
 
     kind: Literal["full", "candidates", "flashinfer"]
@@ -134,6 +134,7 @@ class SampleGroup:
     uniform: torch.Tensor | None  # [G] float32：逆 CDF 用的 u（FlashInfer 那组自己出随机数，是 None）
     k_max: int = 0  # 开了 top-k 的行里最大的 k（0：整组都没开 top-k）
     any_top_p: bool = False  # 有行开了 top-p（top_p < 1）
+    all_top_p: bool = False  # 每行都开了 top-p
     p_only: bool = False  # 有行只开了 top-p、没开 top-k
 
 
@@ -242,6 +243,7 @@ class Sampler:
                            top_k=n[1], top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
                            uniform=f[3] if kind != "flashinfer" else None,
                            k_max=max((k for k in ks if k < V), default=0), any_top_p=any(p.top_p < 1 for p in ps),
+                           all_top_p=all(p.top_p < 1 for p in ps),
                            p_only=any(k == V and p.top_p < 1 for k, p in zip(ks, ps)))
 
     def _logit_bias(self, params: List[SamplingParams]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -313,6 +315,8 @@ class Sampler:
                 self._generator = torch.Generator(device=self.device).manual_seed(self.random_seed)
             return flashinfer_sample(self._fi, x, g, self._generator)
         assert g.uniform is not None
+        if g.kind == "candidates" and self._fi is not None:  # GPU 上带 seed、开了过滤的行：FlashInfer 截断，不排序
+            return flashinfer_seeded(self._fi, x, g)
         x = x.float()  # [G, V]（GPU 上 logits 是 bf16）
         if g.kind == "full":
             w, ids = relative_probs(x, g.temperatures), None  # [G, V]
@@ -341,6 +345,20 @@ def flashinfer_sample(fs: ModuleType, x: torch.Tensor, g: SampleGroup, generator
     if g.any_top_p:
         return fs.top_p_sampling_from_probs(probs, g.top_p, generator=generator)
     return fs.sampling_from_probs(probs, generator=generator)
+
+
+def flashinfer_seeded(fs: ModuleType, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
+    """GPU 上带 seed、开了 top-k/top-p 的行：FlashInfer 做 softmax 和截断（截断后重新归一化，不排序），再用这一行
+    自己的 u 做逆 CDF。x: [G, V] → [G] int64。截断用整数累加的确定性模式：结果只由这一行的概率决定，与批里还有谁无关。"""
+    probs = fs.softmax(x, temperature=g.temperatures)  # [G, V] float32
+    if g.k_max:
+        probs = fs.top_k_renorm_probs(probs, g.top_k)  # k = V 的行一个也不截
+    if g.any_top_p:
+        cut = fs.top_p_renorm_probs(probs, g.top_p, is_deterministic=True)
+        probs = cut if g.all_top_p else torch.where(g.top_p[:, None] < 1, cut, probs)  # top_p = 1 的行原样留下
+    if g.min_p is not None:  # 最后 min-p：与这一行最大的概率相比
+        probs.masked_fill_(probs < g.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+    return sample_inverse_cdf(probs, g.uniform)  # 概率按词表顺序排成尺：宽度 0 的词抽不到
 
 
 def _flashinfer_sampling() -> ModuleType | None:
