@@ -18,7 +18,7 @@ import minisgl
 from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, init_dummy_weight, load_weight
 from minisgl.models.weight import stack_experts
 from minisgl.moe import MOE_BACKENDS, MoELayer, create_moe_backend, fused_moe, resolve_moe_backend, select_experts
-from minisgl.moe.fused import Blocks
+from minisgl.moe.fused import Blocks, Routing, one_program_routing, route_and_align
 from minisgl.utils import torch_dtype
 from minisgl.utils.hf import load_hf_config
 
@@ -102,10 +102,41 @@ def test_grouped_moe_runs_on_the_meta_device() -> None:
 INTERPRETED = [  # (T, H, E, K, I, renormalize, 分块)：None 是 choose_blocks 给的 decode 分块
     (1, 32, 8, 3, 16, True, None),
     (7, 48, 16, 4, 24, False, None),
+    (3, 32, 12, 5, 16, True, None),
     (50, 32, 8, 3, 16, True, Blocks(32, 64, 64, 64, 4, 2)),
     (50, 64, 8, 3, 32, True, Blocks(64, 16, 32, 32, 4, 2)),
     (30, 32, 4, 2, 16, False, Blocks(128, 16, 32, 16, 4, 2)),
 ]
+ROUTING = [  # (T, E, K, renormalize)：decode 的形状，E、K 有的不是 2 的幂；两种路由的写法各跑一遍
+    (1, 128, 8, True), (1, 6, 3, False), (2, 8, 1, True), (3, 12, 5, True), (5, 20, 6, False),
+    (16, 128, 8, False),
+]
+
+
+def check_routing_paths(T: int, E: int, K: int, renorm: bool, bm: int = 16, device: str = "cpu") -> None:
+    """route_align（一个实例）与 route + align 给出同样的路由和同样的布局；布局就是 align 的约定。"""
+    logits = (torch.randn(T, E, generator=torch.Generator().manual_seed(T * E)) * 2).to(device)
+    one, two = (route_and_align(logits, K, renorm, bm, one_program=flag) for flag in (True, False))
+    w, ids = select_experts(logits, K, renorm)
+    assert torch.equal(one.topk_ids.long(), ids)
+    torch.testing.assert_close(one.topk_w, w, atol=1e-6, rtol=1e-6)
+    if device == "cpu":  # 解释器上逐位相同；GPU 上 softmax 的求和顺序不同，差最后一位
+        assert torch.equal(one.topk_w, two.topk_w)
+    torch.testing.assert_close(one.topk_w, two.topk_w, atol=1e-6, rtol=1e-6)
+    one, two, ids = Routing(*(t.cpu() for t in one)), Routing(*(t.cpu() for t in two)), ids.cpu()
+    for name in ("topk_ids", "counts", "starts", "block_expert"):
+        assert torch.equal(getattr(one, name), getattr(two, name)), f"T={T} E={E} K={K}: {name}"
+    counts = torch.bincount(ids.flatten(), minlength=E)
+    padded = (counts + bm - 1) // bm * bm
+    assert torch.equal(one.counts.long(), counts)
+    assert torch.equal(one.starts.long(), padded.cumsum(0) - padded)
+    owner = torch.repeat_interleave(torch.arange(E), padded // bm)  # 每块的专家，后面的块是 -1
+    assert one.block_expert[:len(owner)].tolist() == owner.tolist()
+    assert (one.block_expert[len(owner):] == -1).all()
+    for e, (start, n) in enumerate(zip(one.starts.tolist(), one.counts.tolist())):
+        pairs = (ids.flatten() == e).nonzero().flatten().tolist()  # 选了 e 的对，按编号
+        assert one.sorted_pairs[start:start + n].tolist() == pairs  # 一个实例：段内按编号排
+        assert sorted(two.sorted_pairs[start:start + n].tolist()) == pairs  # 原子加：同一组对，先后不论
 
 
 def run_interpreted_cases() -> None:
@@ -117,6 +148,12 @@ def run_interpreted_cases() -> None:
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"T={T} {blocks}: {m}")
         assert torch.equal(create_moe_backend("triton").forward(x, gate_up, down, logits, K, renorm),
                            fused_moe(x, gate_up, down, logits, K, renorm))
+        for flag in (True, False):  # 两种路由的写法，大块小块都一样
+            assert torch.equal(fused_moe(x, gate_up, down, logits, K, renorm, blocks, one_program=flag), got)
+    assert one_program_routing(1, 8, 3) and one_program_routing(8, 128, 8)  # Qwen3-30B-A3B：T ≤ 8
+    assert not one_program_routing(9, 128, 8)
+    for case in ROUTING:
+        check_routing_paths(*case)
 
 
 def test_triton_kernels_match_reference_interpreted() -> None:
@@ -195,6 +232,18 @@ def test_gpu_triton_moe_matches_reference(T: int) -> None:
     ref = reference_moe(xb, gub, db, lb, 8, True)  # 同样的 bf16 输入，在 float32 里算
     assert bf16_error(fused_moe(xb, gub, db, lb, 8, True), ref) < 0.02
     assert torch.equal(fused_moe(xb, gub, db, lb, 8, True), fused_moe(xb, gub, db, lb, 8, True))  # 与原子加的先后无关
+
+
+@pytest.mark.gpu
+def test_gpu_routing_paths_agree() -> None:
+    """编译到 GPU 上，两种路由的写法也给出同样的专家和布局；输出只差舍入（softmax 的求和顺序不同）。"""
+    for case in ROUTING + [(T, 128, 8, True) for T in (2, 4, 8)]:
+        check_routing_paths(*case, device="cuda")
+    dev = torch.device("cuda")
+    for T in (1, 3, 8):
+        x, gate_up, down, logits = (t.bfloat16() for t in random_layer(T, **QWEN3_30B_LAYER, device=dev, seed=T))
+        one, two = (fused_moe(x, gate_up, down, logits, 8, True, one_program=flag) for flag in (True, False))
+        assert bf16_error(one, two.float()) < 0.01, f"T={T}"
 
 
 @pytest.mark.gpu

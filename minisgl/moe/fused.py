@@ -15,13 +15,14 @@ from .grouped import BaseMoeBackend
 
 @functools.cache
 def _kernels() -> Dict[str, Any] | None:
-    """第一次用时才 import Triton、定义四个 kernel（下面的 _xxx_kernel）；没有 Triton（CPU 上的安装）时返回 None。"""
+    """第一次用时才 import Triton、定义五个 kernel（下面的 _xxx_kernel）；没有 Triton（CPU 上的安装）时返回 None。"""
     try:
         import triton
         import triton.language as tl
     except ImportError:
         return None
     return {"route": _route_kernel(triton, tl), "align": _align_kernel(triton, tl),
+            "route_align": _route_align_kernel(triton, tl),
             "gate_up": _gate_up_kernel(triton, tl), "down": _down_kernel(triton, tl)}
 
 
@@ -75,6 +76,104 @@ def _align_kernel(triton: Any, tl: Any) -> Any:
         tl.store(sorted_pairs + first + tl.load(rank + p, mask=ok, other=0), p, mask=ok)
 
     return align
+
+
+def _route_align_kernel(triton: Any, tl: Any) -> Any:
+    @triton.jit(do_not_specialize=["T", "num_blocks"])
+    def route_align(logits, logit_stride, topk_w, topk_ids, counts, starts, block_expert, sorted_pairs,
+                    T, E, num_blocks, TOP_K: tl.constexpr, BM: tl.constexpr, BLOCK_T: tl.constexpr,
+                    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, RENORM: tl.constexpr):
+        t = tl.arange(0, BLOCK_T)  # 只有一个实例：全部 T 个 token 一起做
+        e = tl.arange(0, BLOCK_E)
+        j = tl.arange(0, BLOCK_K)
+        z = tl.load(logits + t[:, None] * logit_stride + e[None, :], mask=(t[:, None] < T) & (e[None, :] < E),
+                    other=0.0).to(tl.float32)
+        z = tl.where(e[None, :] < E, z, float("-inf"))  # 补出来的专家是 -inf；补出来的 token 读成 0，算了也不用
+        p = tl.exp(z - tl.max(z, axis=1)[:, None])
+        p = p / tl.sum(p, axis=1)[:, None]  # [BLOCK_T, BLOCK_E]：每行一个 token 的 softmax，与 route 同一个公式
+        w = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
+        ids = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
+        for k in tl.static_range(TOP_K):  # 和 route 一样 K 轮"取最大、划掉"，每轮所有 token 一起
+            best = tl.argmax(p, axis=1)  # [BLOCK_T]
+            w = tl.where(j[None, :] == k, tl.max(p, axis=1)[:, None], w)
+            ids = tl.where(j[None, :] == k, best[:, None], ids)
+            p = tl.where(e[None, :] == best[:, None], -1.0, p)
+        if RENORM:
+            w = w / tl.sum(w, axis=1)[:, None]
+        keep = (t[:, None] < T) & (j[None, :] < TOP_K)
+        pair = t[:, None] * TOP_K + j[None, :]  # [BLOCK_T, BLOCK_K]：对的编号 p = t·K + k
+        tl.store(topk_w + pair, w, mask=keep)
+        tl.store(topk_ids + pair, ids, mask=keep)
+        # 摊平成一排 Q = BLOCK_T·BLOCK_K 个对，先 token 后 k，和编号 p 同序；补出来的位置专家记 -1
+        ex = tl.reshape(tl.where(keep, ids, -1), (BLOCK_T * BLOCK_K,))
+        pq = tl.reshape(pair, (BLOCK_T * BLOCK_K,))
+        hit = ex[:, None] == e[None, :]  # [Q, BLOCK_E]：第 q 个对选没选专家 e
+        n = tl.sum(hit.to(tl.int32), axis=0)  # [BLOCK_E]：每个专家几行，数出来的，不是加出来的
+        padded = (n + BM - 1) // BM * BM
+        ends = tl.cumsum(padded, axis=0)
+        begins = ends - padded
+        tl.store(counts + e, n, mask=e < E)
+        tl.store(starts + e, begins, mask=e < E)
+        for b0 in range(0, num_blocks, CHUNK):  # 每块的专家：和 align 的 0 号实例一样
+            b = b0 + tl.arange(0, CHUNK)
+            owner = tl.sum(((ends[None, :] <= b[:, None] * BM) & (e[None, :] < E)).to(tl.int32), axis=1)
+            tl.store(block_expert + b, tl.where(owner < E, owner, -1), mask=b < num_blocks)
+        # 名次：同一个专家、编号更小的对有几个（[Q, Q] 的比较矩阵）；每段里的行按对的编号从小到大
+        rank = tl.sum(((ex[:, None] == ex[None, :]) & (pq[None, :] < pq[:, None])).to(tl.int32), axis=1)
+        first = tl.sum(tl.where(hit, begins[None, :], 0), axis=1)  # [Q]：begins[ex]
+        tl.store(sorted_pairs + first + rank, pq, mask=ex >= 0)
+
+    return route_align
+
+
+class Routing(NamedTuple):
+    """路由和排序的结果，两个矩阵乘只读这些。"""
+
+    topk_w: torch.Tensor  # [T, K] float32：每个对的路由权重
+    topk_ids: torch.Tensor  # [T, K] int32：每个对的专家
+    counts: torch.Tensor  # [E]：每个专家分到几行
+    starts: torch.Tensor  # [E]：第 e 段从第几行开始
+    block_expert: torch.Tensor  # [num_blocks]：每块的专家，-1 是空块
+    sorted_pairs: torch.Tensor  # [R]：每行是哪个对；段尾补齐的行没写过
+
+
+ONE_PROGRAM_TILE = 8192  # route_align 的两个比较矩阵 [Q, Q]、[Q, E] 最多这么多个元素
+
+
+def one_program_routing(num_tokens: int, num_experts: int, top_k: int) -> bool:
+    """路由和排序能不能由一个实例做完：Q = T·K（两者各补成 2 的幂）个对，比较矩阵不超过 ONE_PROGRAM_TILE。"""
+    q = _pow2(num_tokens, 1) * _pow2(top_k, 1)
+    return q * max(q, _pow2(num_experts, 1)) <= ONE_PROGRAM_TILE
+
+
+def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, bm: int,
+                    one_program: bool | None = None) -> Routing:
+    """router_logits [T, E] → Routing：各段补齐到 bm 行。one_program：None 时按 one_program_routing 选。"""
+    k = _kernels()
+    T, E = router_logits.shape
+    P, dev = T * top_k, router_logits.device
+    block_e = _pow2(E, 1)
+    # 块数取上界（每个有活的专家至多多出一个不满的块），于是形状与路由的结果无关
+    num_blocks = -(-P // bm) + min(E, P)
+    chunk = min(1024, max(16, 4096 // block_e))  # 一次放 chunk 个对、看 chunk 个块（[chunk, E] 的比较矩阵）
+    sizes = ((T, top_k), E, E, num_blocks, num_blocks * bm)  # topk_ids、counts、starts、block_expert、sorted_pairs
+    r = Routing(torch.empty(T, top_k, dtype=torch.float32, device=dev),
+                *(torch.empty(n, dtype=torch.int32, device=dev) for n in sizes))
+    if one_program is None:
+        one_program = one_program_routing(T, E, top_k)
+    if one_program:  # 小批：一个 kernel
+        k["route_align"][(1,)](router_logits, router_logits.stride(0), *r, T, E, num_blocks, TOP_K=top_k,
+                               BM=bm, BLOCK_T=_pow2(T, 1), BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1),
+                               CHUNK=chunk, RENORM=renormalize)
+        return r
+    # 大批：清零、route（每个 token 一个实例，原子加计数）、align（每个实例放 chunk 个对）
+    r.counts.zero_()
+    rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
+    k["route"][(T,)](router_logits, router_logits.stride(0), r.topk_w, r.topk_ids, rank, r.counts, E,
+                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1), RENORM=renormalize)
+    k["align"][(-(-P // chunk),)](r.counts, r.topk_ids, rank, r.starts, r.block_expert, r.sorted_pairs, E, P,
+                                  num_blocks, BM=bm, BLOCK_E=block_e, CHUNK=chunk)
+    return r
 
 
 def _gate_up_kernel(triton: Any, tl: Any) -> Any:
@@ -183,42 +282,32 @@ def choose_blocks(num_pairs: int, num_experts: int, dtype: torch.dtype) -> Block
 
 
 def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router_logits: torch.Tensor,
-              top_k: int, renormalize: bool, blocks: Blocks | None = None) -> torch.Tensor:
+              top_k: int, renormalize: bool, blocks: Blocks | None = None,
+              one_program: bool | None = None) -> torch.Tensor:
     """与 GroupedMoe.forward 相同的计算：x [T, H]，gate_up [E, 2I, H]，down [E, H, I]，router_logits [T, E] → [T, H]。
 
-    四个 kernel 加一次求和；每个张量的形状只取决于 T，没有一处把数据拷回 CPU。blocks：None 时按 choose_blocks。
+    小批三个 kernel、大批五个（见 route_and_align），再加一次求和；每个张量的形状只取决于 T，没有一处把数据拷回
+    CPU。blocks：None 时按 choose_blocks；one_program：None 时按 one_program_routing 选路由的写法。
     """
     k = _kernels()
     (T, H), (E, _, I) = x.shape, down.shape
     P, dev = T * top_k, x.device
     b = blocks or choose_blocks(P, E, x.dtype)
-    block_e = _pow2(E, 1)
-    # 1. 路由：每个 token 一个实例
-    topk_w = torch.empty(T, top_k, dtype=torch.float32, device=dev)  # [T, K]
-    topk_ids = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]
-    rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
-    counts = torch.zeros(E, dtype=torch.int32, device=dev)  # [E]：每个专家分到几行
-    k["route"][(T,)](router_logits, router_logits.stride(0), topk_w, topk_ids, rank, counts, E,
-                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1), RENORM=renormalize)
-    # 2. 排序：块数取上界（每个有活的专家至多多出一个不满的块），于是形状与路由的结果无关
-    num_blocks = -(-P // b.bm) + min(E, P)
-    chunk = min(1024, max(16, 4096 // block_e))  # align 的每个实例放 chunk 个对（[chunk, E] 的比较矩阵）
-    starts = torch.empty(E, dtype=torch.int32, device=dev)  # [E]：第 e 段从第几行开始
-    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=dev)  # 每块的专家，-1 是空块
-    sorted_pairs = torch.empty(num_blocks * b.bm, dtype=torch.int32, device=dev)  # [R]：每行是哪个对
-    k["align"][(-(-P // chunk),)](counts, topk_ids, rank, starts, block_expert, sorted_pairs, E, P, num_blocks,
-                                  BM=b.bm, BLOCK_E=block_e, CHUNK=chunk)
+    # 1–2. 路由与排序：小批一个实例做完，大批 route + align
+    r = route_and_align(router_logits, top_k, renormalize, b.bm, one_program)
+    num_blocks = r.block_expert.shape[0]
     # 3. gate_up 与 SiLU·up：一块 BM 行 × BN 列一个实例，按排好的行写
     launch = dict(IEEE=x.dtype == torch.float32, num_warps=b.num_warps, num_stages=b.num_stages)
     h = torch.empty(num_blocks * b.bm, I, dtype=x.dtype, device=dev)  # [R, I]
     bn, bk = min(b.bn_gate_up, _pow2(I)), min(b.bk, _pow2(H))
-    k["gate_up"][(-(-I // bn), num_blocks)](x, x.stride(0), gate_up, sorted_pairs, block_expert, starts, counts, h,
-                                            I, H, TOP_K=top_k, BM=b.bm, BN=bn, BK=bk, EVEN_K=H % bk == 0, **launch)
+    k["gate_up"][(-(-I // bn), num_blocks)](x, x.stride(0), gate_up, r.sorted_pairs, r.block_expert, r.starts,
+                                            r.counts, h, I, H, TOP_K=top_k, BM=b.bm, BN=bn, BK=bk,
+                                            EVEN_K=H % bk == 0, **launch)
     # 4. down，乘路由权重：按 (token, 专家) 对的顺序写
     out = torch.empty(P, H, dtype=x.dtype, device=dev)  # [P, H]
     bn, bk = min(b.bn_down, _pow2(H)), min(b.bk, _pow2(I))
-    k["down"][(-(-H // bn), num_blocks)](h, down, sorted_pairs, block_expert, starts, counts, topk_w, out, H, I,
-                                         BM=b.bm, BN=bn, BK=bk, EVEN_K=I % bk == 0, **launch)
+    k["down"][(-(-H // bn), num_blocks)](h, down, r.sorted_pairs, r.block_expert, r.starts, r.counts, r.topk_w,
+                                         out, H, I, BM=b.bm, BN=bn, BK=bk, EVEN_K=I % bk == 0, **launch)
     # 5. 每个 token 的 K 行按固定的顺序相加
     return out.view(T, top_k, H).sum(dim=1)  # [T, H]
 
