@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's minisgl
-from minisgl.structured import GrammarBackend, allocate_vocab_mask, apply_vocab_mask  # noqa: E402
+from minisgl.structured import GrammarBackend, allocate_vocab_mask, apply_vocab_mask, fill_vocab_mask  # noqa: E402
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir  # noqa: E402
 
 VOCAB = 151936
@@ -181,6 +181,22 @@ def main() -> None:
             med, p99 = ts[len(ts) // 2] * 1e6, ts[int(len(ts) * 0.99)] * 1e6
             out["fill_us"][name] = {"allowed": allowed, "median": med, "p99": p99}  # type: ignore[index]
             print(f"{name:<14} {allowed:>8} {med:>8.1f} {p99:>8.1f}")
+        print(f"\nfill a batch's mask (rows at the four places in turn), median milliseconds: row by row, and "
+              f"xgrammar's BatchGrammarMatcher with {backend.batch_threads} thread(s) (min(8, this process's cores))")
+        print(f"{'B':>5} {'row by row':>11} {'threads':>9} {'speed-up':>9}")
+        out["fill_batch_ms"] = {}
+        for bs in args.batch_sizes:
+            grammars = []
+            for i in range(bs):
+                g = backend.grammar("json_schema", SCHEMA)
+                assert all(g.accept(t) for t in tokenizer.encode(PLACES[i % 4][1], add_special_tokens=False))
+                grammars.append(g)
+            bits = allocate_vocab_mask(bs, VOCAB)
+            calls = max(5, args.calls // max(1, bs // 8))
+            one = statistics.median(time_cpu(lambda: fill_vocab_mask(grammars, bits), calls))
+            many = statistics.median(time_cpu(lambda: fill_vocab_mask(grammars, bits, backend.batch), calls))
+            out["fill_batch_ms"][str(bs)] = {"row_by_row": one * 1e3, "threads": many * 1e3}  # type: ignore[index]
+            print(f"{bs:>5} {one * 1e3:>11.3f} {many * 1e3:>9.3f} {one / many:>8.2f}x")
 
     if "apply" in args.tables:
         print(f"\napply a [B, {VOCAB}] mask to float32 logits on {device}, median milliseconds")

@@ -241,6 +241,25 @@ def test_fill_vocab_mask_rows(vocab: Vocab) -> None:
     assert 0 < rows[1].sum() < vocab.size // 10
     assert not fill_vocab_mask([None, done], mask[:2]) and unpack_vocab_mask(mask[:2], vocab.size).all()
 
+
+def test_fill_vocab_mask_in_threads_equals_row_by_row(vocab: Vocab) -> None:
+    """BatchGrammarMatcher 的几个线程填出的掩码与逐行填的逐位相同（各行停在不同的位置，夹着不受约束的行）。"""
+    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                         "required": ["name", "age"]})
+    prefixes = ['{"name": "A', '{"name": "Bo", "age": 4', '{"', "", '{"name": "x", "age": 12}']
+    grammars: List[Grammar | None] = []
+    for p in prefixes * 13:  # 65 行受约束：够 BATCH_FILL_MIN_ROWS，走线程
+        g = vocab.backend.grammar("json_schema", schema)
+        for t in vocab.tokenizer.encode(p, add_special_tokens=False):
+            assert g.accept(t)
+        grammars += [g, None]
+    W = (vocab.size + 31) // 32
+    one, many = torch.zeros(len(grammars), W, dtype=torch.int32), torch.zeros(len(grammars), W, dtype=torch.int32)
+    assert fill_vocab_mask(grammars, one) and fill_vocab_mask(grammars, many, vocab.backend.batch)
+    assert torch.equal(one, many)
+    assert len({tuple(r) for r in unpack_vocab_mask(one[0:10:2], vocab.size).tolist()}) == len(prefixes)
+    assert unpack_vocab_mask(one[1::2], vocab.size).all()
+
 @pytest.mark.gpu
 def test_apply_vocab_mask_on_cuda() -> None:
     """GPU：同样的掩码在 CUDA 上（我们的 torch 实现、xgrammar 的 kernel）和 CPU 上结果相同。"""

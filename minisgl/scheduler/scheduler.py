@@ -224,7 +224,7 @@ class Scheduler(SchedulerIOMixin):
                 self._mask_device = allocate_vocab_mask(R, V, dev)
         B = len(rows)
         host = self._mask_host[:B]
-        fill_vocab_mask(rows, host)
+        fill_vocab_mask(rows, host, self.grammar_backend.batch)
         if self._mask_device is self._mask_host:
             return host
         device = self._mask_device[:B]

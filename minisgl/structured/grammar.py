@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Sequence, Tuple
 
 import torch
 
-from minisgl.utils import init_logger
+from minisgl.utils import cpu_cores, init_logger
 
 if TYPE_CHECKING:
     import xgrammar
@@ -41,16 +41,25 @@ class Grammar:
         return self.matcher.is_terminated()
 
 
-def fill_vocab_mask(grammars: Sequence[Grammar | None], mask: torch.Tensor) -> bool:
-    """mask[i] ← 第 i 个请求下一个 token 的允许集合；没有语法、或语法已走完的行全是 1。返回有没有受约束的行。"""
-    constrained = False
+BATCH_FILL_MIN_ROWS = 64  # 受约束的行至少这么多才分给线程：分派本身约 0.3 ms（bench_structured.py 的 fill 表）
+
+
+def fill_vocab_mask(grammars: Sequence[Grammar | None], mask: torch.Tensor,
+                    batch: xgrammar.BatchGrammarMatcher | None = None) -> bool:
+    """mask[i] ← 第 i 个请求下一个 token 的允许集合；没有语法、或语法已走完的行全是 1。返回有没有受约束的行。
+    batch：给了、且受约束的行不少于 BATCH_FILL_MIN_ROWS 时，一次交给它，由它的几个线程分着填（与逐行填逐位相同）。"""
+    rows = []
     for i, g in enumerate(grammars):
         if g is None or g.is_terminated:
             mask[i].fill_(-1)
         else:
-            g.fill(mask, i)
-            constrained = True
-    return constrained
+            rows.append(i)
+    if batch is not None and len(rows) >= BATCH_FILL_MIN_ROWS:
+        batch.batch_fill_next_token_bitmask([grammars[i].matcher for i in rows], mask, rows)
+    else:
+        for i in rows:
+            grammars[i].fill(mask, i)
+    return bool(rows)
 
 
 class GrammarBackend:
@@ -73,6 +82,8 @@ class GrammarBackend:
                 vocab[i] = ""
         self.info = xgr.TokenizerInfo.from_vocab_and_metadata(vocab, info.dump_metadata())
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads, cache_enabled=False)
+        self.batch_threads = min(max_threads, cpu_cores())
+        self.batch = xgr.BatchGrammarMatcher(max_threads=self.batch_threads)  # 一批的掩码分给几个线程填
         self.vocab_size, self.cache_size = vocab_size, cache_size
         self._cache: OrderedDict[GrammarKey, xgrammar.CompiledGrammar] = OrderedDict()
         self.hits = self.misses = 0
