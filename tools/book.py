@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import List
@@ -268,7 +269,10 @@ def cmd_nbval(names: List[int], workers: int) -> int:
            *(["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []),
            *[p.relative_to(ROOT).as_posix() for p in paths]]
     print(" ".join(cmd[2:]))
-    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    # 整轮共用一个目录：第 9、10、11 章的测试共用 SmolLM2 的参照答案（先算出来的那章写，其余章读：tests/conftest.py）
+    with tempfile.TemporaryDirectory(prefix="minisgl-nbval-share-") as share:
+        env["BOOK_TEST_SHARE"] = share
+        return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
 def cmd_page(path: Path) -> int:
