@@ -622,20 +622,20 @@ def test_abort_goes_to_the_tokenizer_of_its_request(tmp_path: Path) -> None:
     for pull in pulls:
         pull.stop()
 
-def test_kill_9_of_the_launcher_leaves_no_worker(tiny_qwen3: Path, tmp_path: Path) -> None:
-    """kill -9 启动器：它来不及收拾，工作进程（调度器、detokenizer、tokenizer）自己在几秒之内退出。"""
-    proc, _ = start_server(tiny_qwen3, tmp_path / "server.log", "--num-tokenizer", "1")
-    try:
-        workers = spawned(proc)
-        assert len(workers) == 3
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        _, alive = psutil.wait_procs(workers, timeout=5)
-        assert not alive, [w.cmdline() for w in alive]
-    finally:
-        stop_server(proc)
+@pytest.fixture(scope="module")
+def dummy_server(tiny_qwen3: Path, tmp_path_factory) -> Iterator[Tuple[subprocess.Popen, int]]:
+    """--dummy-weight 的服务，模型目录里只有配置和分词器（没有权重文件），一个单独的 tokenizer 进程：test_new_flags
+    问它一个请求，然后 test_kill_9_of_the_launcher_leaves_no_worker kill -9 它的启动器（起一个服务，两个测试用）。"""
+    bare = tmp_path_factory.mktemp("no-weights")
+    for f in tiny_qwen3.iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, bare / f.name)
+    proc, port = start_server(bare, tmp_path_factory.mktemp("dummy") / "server.log", "--dummy-weight",
+                              "--num-tokenizer", "1")
+    yield proc, port
+    stop_server(proc)
 
-def test_new_flags(tiny_qwen3: Path, tmp_path: Path, capsys) -> None:
+def test_new_flags(dummy_server, tiny_qwen3: Path, capsys) -> None:
     """--num-threads、--dummy-weight、--cpu-kv-memory-mb 在 --help 里；只对另一种设备有意义的 flag 一行报错；
     --dummy-weight 不读权重文件：一个只有配置和分词器的目录也能起服务、回答请求。"""
     from minisgl.server.args import build_parser, parse_args
@@ -651,17 +651,19 @@ def test_new_flags(tiny_qwen3: Path, tmp_path: Path, capsys) -> None:
             parse_args(["--model", str(tiny_qwen3), *flags.split()])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(f"error: {msg}"), err
-    bare = tmp_path / "no-weights"
-    bare.mkdir()
-    for f in tiny_qwen3.iterdir():
-        if not f.name.endswith(".safetensors"):
-            shutil.copy(f, bare / f.name)
-    proc, port = start_server(bare, tmp_path / "dummy.log", "--dummy-weight")
-    try:
-        r = client(port).completions.create(model="m", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
-        assert r.usage.completion_tokens == 3
-    finally:
-        stop_server(proc)
+    r = client(dummy_server[1]).completions.create(model="m", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3
+
+def test_kill_9_of_the_launcher_leaves_no_worker(dummy_server) -> None:
+    """kill -9 启动器：它来不及收拾，工作进程（调度器、detokenizer、tokenizer）自己在几秒之内退出（最后一个用
+    dummy_server 的测试）。"""
+    proc = dummy_server[0]
+    workers = spawned(proc)
+    assert len(workers) == 3
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive, [w.cmdline() for w in alive]
 
 
 def test_shell_in_a_terminal(tiny_qwen3: Path) -> None:

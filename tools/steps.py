@@ -494,6 +494,19 @@ def _tree_env(root: Path) -> Dict[str, str]:
 
 
 def cmd_test(nums: List[int], gpu: bool, extra: List[str], timeout: int, show: bool = False) -> int:
+    if os.environ.get("BOOK_TEST_SHARE"):
+        return _cmd_test(nums, gpu, extra, timeout, show)
+    # 这一次运行的各章共用的参照答案（tests/conftest.py 的 reference）：一个新目录，运行完就删；
+    # tools/book.py nbval 给整轮笔记本设一个，每个笔记本的测试单元格都用它
+    with tempfile.TemporaryDirectory(prefix="minisgl-test-share-") as share:
+        os.environ["BOOK_TEST_SHARE"] = share
+        try:
+            return _cmd_test(nums, gpu, extra, timeout, show)
+        finally:
+            del os.environ["BOOK_TEST_SHARE"]
+
+
+def _cmd_test(nums: List[int], gpu: bool, extra: List[str], timeout: int, show: bool = False) -> int:
     chapters = load_chapters()
     nums = nums or [c.num for c in chapters]
     total = {"passed": 0, "failed": 0, "skipped": 0}

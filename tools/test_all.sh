@@ -77,8 +77,13 @@ step "steps.py check --static: each chapter's example compiles and imports only 
 step "book: lint (no project-internal words — leases, issue numbers, paths outside the repository — on a page a reader sees)"
 "$PY" tools/book.py lint
 
+# The judge (one pytest process at a time) runs on the core the book build (one process) leaves idle.
+background "practice: reference solutions pass, untouched stubs fail" "$PY" practice/judge.py --self-check
+
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
+
+wait_background
 
 step "benchmarks: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
 "$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
@@ -95,12 +100,9 @@ practice_web() {
     echo "skipped: no /usr/bin/chromium, playwright-core (practice/web/node_modules) or _build/html/practice (bash tools/install.sh installs them)"
   fi
 }
-# The browser test (about three minutes, mostly waiting on Pyodide in the page) runs alongside the judge and the
-# notebooks; it starts after the benchmarks, whose server takes every core (a busy core slows its OpenMP threads ~5x).
+# The browser test (about three minutes, mostly waiting on Pyodide in the page) runs alongside the notebooks; it
+# starts after the benchmarks, whose server takes every core (a busy core slows its OpenMP threads ~5x).
 background "practice page: every browser exercise in headless Chromium (stub fails, reference passes)" practice_web
-
-step "practice: reference solutions pass, untouched stubs fail"
-"$PY" practice/judge.py --self-check
 
 # Each chapter's tests (tests/test_chNN_*.py inside .build/trees/chNN/, the code as of chapter N) run once, here:
 # every notebook's test cell is `steps.py test N` and its output is compared strictly, and the root conftest.py
