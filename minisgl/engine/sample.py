@@ -330,13 +330,9 @@ class Sampler:
 
 def flashinfer_sample(fs: ModuleType, x: torch.Tensor, g: SampleGroup, generator: torch.Generator) -> torch.Tensor:
     """GPU 上没带 seed 的行：FlashInfer 的拒绝采样 kernel，不排序。x: [G, V]（bf16 或 float32）→ [G] int32。"""
-    probs = fs.softmax(x, temperature=g.temperatures)  # [G, V] float32：一个 kernel 除以 T、做 softmax
     if g.min_p is not None:  # SGLang 的顺序：top-k、top-p 重新归一化之后再 min-p
-        if g.k_max:
-            probs = fs.top_k_renorm_probs(probs, g.top_k)
-        if g.any_top_p:
-            probs = fs.top_p_renorm_probs(probs, g.top_p)
-        return fs.min_p_sampling_from_probs(probs, g.min_p, generator=generator)
+        return fs.min_p_sampling_from_probs(flashinfer_filtered(fs, x, g), g.min_p, generator=generator)
+    probs = fs.softmax(x, temperature=g.temperatures)  # [G, V] float32：一个 kernel 除以 T、做 softmax
     if g.k_max and g.any_top_p:
         return fs.top_k_top_p_sampling_from_probs(probs, g.top_k, g.top_p, filter_apply_order="top_k_first",
                                                   generator=generator)
@@ -347,15 +343,22 @@ def flashinfer_sample(fs: ModuleType, x: torch.Tensor, g: SampleGroup, generator
     return fs.sampling_from_probs(probs, generator=generator)
 
 
-def flashinfer_seeded(fs: ModuleType, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
-    """GPU 上带 seed、开了 top-k/top-p 的行：FlashInfer 做 softmax 和截断（截断后重新归一化，不排序），再用这一行
-    自己的 u 做逆 CDF。x: [G, V] → [G] int64。截断用整数累加的确定性模式：结果只由这一行的概率决定，与批里还有谁无关。"""
-    probs = fs.softmax(x, temperature=g.temperatures)  # [G, V] float32
+def flashinfer_filtered(fs: ModuleType, x: torch.Tensor, g: SampleGroup, deterministic: bool = False) -> torch.Tensor:
+    """softmax(x / T)，再按 top-k、top-p 截断、重新归一化：FlashInfer 的 kernel，不排序。x: [G, V] → [G, V] float32。
+    deterministic：top-p 的截断点用整数累加求（结果只由这一行的概率决定，与批里还有谁无关）。"""
+    probs = fs.softmax(x, temperature=g.temperatures)  # [G, V] float32：一个 kernel 除以 T、做 softmax
     if g.k_max:
         probs = fs.top_k_renorm_probs(probs, g.top_k)  # k = V 的行一个也不截
     if g.any_top_p:
-        cut = fs.top_p_renorm_probs(probs, g.top_p, is_deterministic=True)
+        cut = fs.top_p_renorm_probs(probs, g.top_p, is_deterministic=deterministic)
         probs = cut if g.all_top_p else torch.where(g.top_p[:, None] < 1, cut, probs)  # top_p = 1 的行原样留下
+    return probs
+
+
+def flashinfer_seeded(fs: ModuleType, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
+    """GPU 上带 seed、开了 top-k/top-p 的行：flashinfer_filtered（确定性模式），再用这一行自己的 u 做逆 CDF。
+    x: [G, V] → [G] int64。"""
+    probs = flashinfer_filtered(fs, x, g, deterministic=True)  # [G, V]
     if g.min_p is not None:  # 最后 min-p：与这一行最大的概率相比
         probs.masked_fill_(probs < g.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
     return sample_inverse_cdf(probs, g.uniform)  # 概率按词表顺序排成尺：宽度 0 的词抽不到
