@@ -6,6 +6,7 @@ import weakref
 from dataclasses import replace
 from typing import Dict, List, Tuple
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
@@ -179,6 +180,9 @@ def test_inverse_cdf_matches_softmax_and_top_k_1_is_greedy() -> None:
         assert torch.equal(ids.gather(1, sample_inverse_cdf(w, u)[:, None]).squeeze(1), logits.argmax(-1))
     values = [seeded_uniform(s, p) for s in range(200) for p in range(50)]
     assert 0 <= min(values) and max(values) <= 1 - 2**-23 and len(set(values)) > 9900
+    seeds = [0, 1, 2**62 + 5, 2**63 - 1] + list(range(100, 196))  # prepare 一组一次算：数组版与整数版逐位相同
+    got = seeded_uniform(np.array(seeds, dtype=np.uint64), np.arange(len(seeds), dtype=np.uint64) * 100003)
+    assert got.tolist() == [seeded_uniform(s, j * 100003) for j, s in enumerate(seeds)]
 
 
 def make_reqs(params: List[SamplingParams], prompt_len: int = 3) -> List[Req]:

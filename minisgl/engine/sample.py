@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import List, Literal, NamedTuple, Sequence, Tuple
+from typing import List, Literal, NamedTuple, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from minisgl.core import Req, SamplingParams
@@ -12,6 +13,7 @@ from minisgl.core import Req, SamplingParams
 # B = 请求数，V = 词表，G = 一组采样的行数，K = 候选词数，P = 要做惩罚的行数，L = 其中最长的上下文，W = ceil(V / 32)
 
 _M64 = 2**64 - 1
+U64 = Union[int, np.ndarray]  # 一个 64 位无符号整数，或者一个 uint64 数组
 
 
 def relative_probs(x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -61,15 +63,17 @@ def top_k_top_p_candidates(x: torch.Tensor, temperature: torch.Tensor, top_k: to
     return out_w, out_ids
 
 
-def _mix64(x: int) -> int:
-    """splitmix64 的终结函数：64 位整数上的一个双射，输入差一位，输出就面目全非。"""
+def _mix64(x: U64) -> U64:
+    """splitmix64 的终结函数：64 位整数上的一个双射，输入差一位，输出就面目全非。
+    x：一个 Python 整数，或者 uint64 的 numpy 数组（逐元素算，乘法自己按 2^64 回绕，结果和整数版一位不差）。"""
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
     return x ^ (x >> 31)
 
 
-def seeded_uniform(seed: int, position: int) -> float:
-    """(seed, 位置) → [0, 1 − 2^-23] 里 2^23 个等距的值之一：只由这两个整数决定，与批里还有谁无关。"""
+def seeded_uniform(seed: U64, position: U64) -> float | np.ndarray:
+    """(seed, 位置) → [0, 1 − 2^-23] 里 2^23 个等距的值之一：只由这两个整数决定，与批里还有谁无关。
+    给两个 uint64 数组时一次算一批（prepare 里一组的所有行），得到 float64 数组。"""
     return (_mix64(_mix64(seed) ^ position) >> 41) / 2**23
 
 
@@ -236,7 +240,8 @@ class Sampler:
         ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
         floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]]
         if kind != "flashinfer":  # 每行一个 u：只由 (seed, 要采样的位置) 决定
-            floats.append([seeded_uniform(self._seed(reqs[i]), reqs[i].device_len) for i in rows])
+            seeds = np.array([self._seed(reqs[i]) for i in rows], dtype=np.uint64)
+            floats.append(seeded_uniform(seeds, np.array([reqs[i].device_len for i in rows], dtype=np.uint64)).tolist())
         f = self._to_device(torch.tensor(floats, dtype=torch.float32))  # [3 或 4, G]
         n = self._to_device(torch.tensor([rows, ks], dtype=torch.int64))  # [2, G]
         return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0],

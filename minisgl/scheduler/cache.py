@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import torch
 
@@ -77,9 +77,9 @@ class CacheManager:
         """请求 uid 要让前 length 个位置都有槽，还差几页。"""
         return max(0, math.ceil((length - self.held_tokens(uid)) / self.page_size))
 
-    def prompts_in_prefill(self) -> List[torch.Tensor]:
-        """已经接纳、prefill 还没算完的请求的提示词：它们算完就会插进前缀缓存。"""
-        return [st.prompt for st in self._reqs.values() if st.prompt is not None]
+    def prompts_in_prefill(self) -> List[Tuple[torch.Tensor, int]]:
+        """已经接纳、prefill 还没算完的请求：(提示词, 命中的前缀长度)。它们算完就会插进前缀缓存。"""
+        return [(st.prompt, st.handle.cached_len) for st in self._reqs.values() if st.prompt is not None]
 
     def grow(self, reqs: List[Req]) -> None:
         """保证每个请求的前 device_len 个位置都有槽：跨页时拿一页（空闲列表空了就淘汰缓存）；整批的页表写入合成一次。"""

@@ -21,6 +21,8 @@ ESTIMATE_CLIP = 4096  # 剩余额度按最多这么多 token 估计（max_tokens
 # 同一批到达、共享长前缀的请求：只让一个去算，其余的等它插进缓存
 SHARE_TOKENS = 32  # 和一个正在 prefill 的请求共享的前缀，比缓存里已有的至少多这么多 token，才值得等
 MAX_WAIT_STEPS = 8  # 一个请求最多让这么多步
+# 正在 prefill 的提示词：命中的长度 m → 从 m 起的 SHARE_TOKENS 个 token → 这样的提示词（_should_wait 只和同组的比）
+Sharing = Dict[int, Dict[Tuple[int, ...], List[torch.Tensor]]]
 
 
 class PrefillManager:
@@ -114,7 +116,7 @@ class PrefillManager:
                 req = make_req(p, idx, matched)
                 budget -= self._take_chunk(req, budget)
                 reqs.append(req)
-                self._note_prefill(sharing, p.input_ids)
+                self._note_prefill(sharing, p.input_ids, matched)
         if not reqs:
             return None
         self.cache.grow(reqs)
@@ -131,28 +133,33 @@ class PrefillManager:
     def _share_len(self) -> int:
         return max(SHARE_TOKENS, self.cache.page_size)
 
-    def _prompts_in_prefill(self) -> Dict[Tuple[int, ...], List[torch.Tensor]]:
-        """正在 prefill（还没插进缓存）的提示词，按开头 _share_len() 个 token 分组。"""
-        groups: Dict[Tuple[int, ...], List[torch.Tensor]] = {}
+    def _prompts_in_prefill(self) -> Sharing:
+        """正在 prefill（还没插进缓存）的提示词，按命中的长度 m、再按从 m 起的 _share_len() 个 token 分组。"""
+        groups: Sharing = {}
         if self.cache.shares_prefixes:
-            for ids in self.cache.prompts_in_prefill():
-                self._note_prefill(groups, ids)
+            for ids, matched in self.cache.prompts_in_prefill():
+                self._note_prefill(groups, ids, matched)
         return groups
 
-    def _note_prefill(self, groups: Dict[Tuple[int, ...], List[torch.Tensor]], ids: torch.Tensor) -> None:
+    def _note_prefill(self, groups: Sharing, ids: torch.Tensor, matched: int) -> None:
+        """记下一个正在 prefill 的提示词：它的前 matched 个 token 命中了缓存，要算、要插进缓存的从 matched 开始。"""
         n = self._share_len()
-        if self.cache.shares_prefixes and len(ids) > n:
-            groups.setdefault(tuple(ids[:n].tolist()), []).append(ids)
+        if self.cache.shares_prefixes and len(ids) >= matched + n:
+            groups.setdefault(matched, {}).setdefault(tuple(ids[matched:matched + n].tolist()), []).append(ids)
 
-    def _should_wait(self, p: PendingReq, matched: int, groups: Dict[Tuple[int, ...], List[torch.Tensor]]) -> bool:
-        """p 和某个正在 prefill 的请求共享的前缀，比缓存里命中的多出至少 _share_len() 个 token：让它等那个请求
+    def _should_wait(self, p: PendingReq, matched: int, groups: Sharing) -> bool:
+        """p 和某个正在 prefill 的请求 q 共享的前缀，比 p 在缓存里命中的多出至少 _share_len() 个 token：让它等 q
         插进缓存再来（最多等 MAX_WAIT_STEPS 步）。"""
         n, P = self._share_len(), self.cache.page_size
-        if p.waited >= MAX_WAIT_STEPS or len(p.input_ids) <= n:
+        ids_p = p.input_ids
+        if p.waited >= MAX_WAIT_STEPS or len(ids_p) <= n:
             return False
-        for ids in groups.get(tuple(p.input_ids[:n].tolist()), ()):
-            if compare_key(ids, p.input_ids) // P * P - matched >= n:
-                return True
+        for m, by_key in groups.items():  # 不同的 m 没几个：0，和几段共同的系统提示词的长度
+            if m + n > len(ids_p):
+                continue
+            for ids in by_key.get(tuple(ids_p[m:m + n].tolist()), ()):  # 只有在 [m, m+n) 上和 p 相同的 q 才可能
+                if compare_key(ids, ids_p) // P * P - matched >= n:
+                    return True
         return False
 
 
