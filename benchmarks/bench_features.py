@@ -55,11 +55,11 @@ class TimedLLM(LLM):
                 self.times.setdefault(r.uid, []).append(now)
         super().send_result(replies)
 
-    def launch(self, batch):
+    def launch(self, batch, last=None):
         self.steps[batch.phase] += 1
         self.prefill_tokens += sum(r.extend_len for r in batch.reqs if r.uid not in self.decode.running)
         self.batch_sizes.append(batch.size)
-        return super().launch(batch)
+        return super().launch(batch, last)
 
     def one_step(self) -> bool:
         overlap = getattr(self.config, "enable_overlap", False) if self.overlap is None else self.overlap

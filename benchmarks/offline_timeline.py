@@ -48,13 +48,19 @@ class StepTimeline(Timeline):
         super().__init__(*args, **kwargs)
         self.steps: List[dict] = []
 
-    def launch(self, batch):
+    def launch(self, batch, last=None):
+        """The scheduler (chapter 17 on) hands over the unprocessed previous step and, with no constrained request in
+        the batch, processes it right after submitting this one, as chapter 11 does. Done here after chapter 11's
+        Timeline.launch, so that submitting and processing stay two spans."""
+        assert not self.grammars, "the timeline times unconstrained workloads"
         n_spans = len(self.spans)
         kind = "decode" if batch.is_decode else ("mixed" if any(r.extend_len == 1 for r in batch.reqs) else "prefill")
         tokens = sum(r.extend_len for r in batch.reqs)  # 在 launch 改动长度之前
         step = super().launch(batch)
         lane, a, b = self.spans[n_spans]
         self.steps.append(dict(kind=kind, bs=batch.size, tokens=tokens, launch=(a, b)))
+        if last is not None:
+            self.process(last)
         return step
 
 

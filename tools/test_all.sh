@@ -77,8 +77,14 @@ step "steps.py check --static: each chapter's example compiles and imports only 
 step "book: lint (no project-internal words — leases, issue numbers, paths outside the repository — on a page a reader sees)"
 "$PY" tools/book.py lint
 
-# The judge (one pytest process at a time) runs on the core the book build (one process) leaves idle.
-background "practice: reference solutions pass, untouched stubs fail" "$PY" practice/judge.py --self-check
+# The judge (one pytest process at a time), then a smoke run of the feature benchmarks (they subclass the scheduler:
+# a changed hook signature breaks them), on the core the book build (one process) leaves idle.
+judge_and_bench_features() {
+  "$PY" practice/judge.py --self-check
+  echo; echo "--- benchmarks/bench_features.py shared --quick (smoke: the TimedLLM hooks still fit the scheduler)"
+  OMP_NUM_THREADS=1 "$PY" benchmarks/bench_features.py shared --quick
+}
+background "practice: reference solutions pass, untouched stubs fail; bench_features smoke" judge_and_bench_features
 
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
