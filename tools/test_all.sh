@@ -106,7 +106,7 @@ practice_web() {
     echo "skipped: no /usr/bin/chromium, playwright-core (practice/web/node_modules) or _build/html/practice (bash tools/install.sh installs them)"
   fi
 }
-# The browser test (about three minutes, mostly waiting on Pyodide in the page) runs alongside the notebooks; it
+# The browser test (about a minute: Pyodide loads once, the exercises switch inside the page) runs alongside the notebooks; it
 # starts after the benchmarks, whose server takes every core (a busy core slows its OpenMP threads ~5x).
 background "practice page: every browser exercise in headless Chromium (stub fails, reference passes)" practice_web
 

@@ -9,9 +9,11 @@
 // 脚本自己在 127.0.0.1 的随机端口上提供 _build/html，用 Debian 的 /usr/bin/chromium（playwright-core 的
 // executablePath；全新的 user-data-dir）打开练习页，然后像读者一样操作，结果只从页面自己的结果区读：
 //   - 每个 exercise.toml 里 browser = true 的练习都在页面里；原样的 stub 运行后是"失败"，
-//     把 practice/<练习>/solution.py 填进代码框运行后是"全部通过"（失败时这一行以 FAIL 开头，写着练习名）；
+//     把 practice/<练习>/solution.py 填进代码框运行后是"全部通过"（失败时这一行以 FAIL 开头，写着练习名）。
+//     第一道题整页打开，之后像读者一样在页面里换题（"全部练习"→ 点列表里的题），Python 只加载一次（worker 只开一个）；
+//     "← 上一题"和浏览器后退也在页面里换题；换题后上一次运行留在 /ex 的文件和导入的模块都不在了；
 //   - 不带 ?ex= 打开是练习列表（在首屏，没有空的编辑器），每题显示章和上次结果；刷新后代码和结果还在；
-//     "恢复初始代码"；语法错误 → 收集失败；死循环 → 超时、worker 重启、之后还能运行；
+//     "恢复初始代码"；语法错误 → 收集失败；死循环 → 超时、worker 重启、之后还能运行；运行中换题 → 停掉、重启；
 //   - 书里每个 practice/index.html?ex=… 链接都指向存在的练习，练习页回到书和回到章的链接都能打开。
 // 退出码：0 全部通过，1 有失败，2 用法错误或环境不全（没有 chromium / playwright-core / 构建好的练习页）。
 import { createRequire } from "node:module";
@@ -96,9 +98,14 @@ const context = await chromium.launchPersistentContext(profile, {
 });
 const page = context.pages()[0] ?? await context.newPage();
 const consoleErrors = [];
-page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
-page.on("pageerror", (e) => consoleErrors.push(String(e)));
+const watch = (p) => {
+  p.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
+  p.on("pageerror", (e) => consoleErrors.push(String(e)));
+};
+watch(page);
 page.on("dialog", (d) => d.accept());  // "恢复初始代码"的确认框
+let workers = 0;  // 页面开过几个 Web Worker（每个都要加载一遍 Python）
+page.on("worker", () => workers++);
 
 const DONE = ["passed", "failed", "timeout", "load-error"];
 const waitReady = () => page.waitForFunction(() => ["ready", "load-error"].includes(document.body.dataset.status), null, { timeout: LOAD_MS });
@@ -118,8 +125,18 @@ async function runCode(code) {
   await waitDone();
   return state();
 }
-async function openExercise(name, query = "") {
+// 整页打开一道题；python = false 时不等 Python 加载好（只看代码框和上次结果）
+async function openExercise(name, query = "", python = true) {
   await page.goto(`${base}?ex=${name}${query}`);
+  if (python) await waitReady();
+  else await page.waitForFunction(() => !document.getElementById("exercise").hidden);  // 题目和代码框已经填好
+  return state();
+}
+// 像读者一样在页面里换题："全部练习"→ 列表里点这道题（不重新载入页面，Python 不重新加载）
+async function switchExercise(name) {
+  await page.click("#crumbs a[href='./']");
+  await page.waitForFunction(() => document.body.dataset.status === "list");
+  await page.click(`#listview tr[data-ex="${name}"] a`);
   await waitReady();
   return state();
 }
@@ -131,21 +148,29 @@ try {
   // 0. 书的每一页离线可读：不向 127.0.0.1 以外发任何请求，公式由书里自带的 MathJax 排好，代码清单不折行（横向滚动）
   const pages = ["book/performance.html", ...fs.readdirSync(path.join(site, "book", "chapters"))
     .filter((f) => f.endsWith(".html")).sort().map((f) => `book/chapters/${f}`)];
-  const outside = [];
-  await page.route((url) => !url.toString().startsWith(origin), (route) => { outside.push(route.request().url()); route.abort(); });
-  for (const rel of pages) {
-    outside.length = 0;
-    await page.goto(`${origin}/${rel}`, { waitUntil: "networkidle" });
-    const math = await page.$$eval(".math", (e) => e.length);
-    if (math) await page.waitForFunction((n) => document.querySelectorAll("mjx-container").length >= n, math, { timeout: 30000 })
-      .catch(() => {});
-    const rendered = await page.$$eval("mjx-container", (e) => e.length);
-    const wraps = await page.$$eval("div.cell_input div.highlight pre", (e) => e.filter((x) => getComputedStyle(x).whiteSpace !== "pre").length);
-    check(outside.length === 0 && rendered >= math && wraps === 0,
-      `${rel}：离线（对外请求 ${outside.length}${outside.length ? "：" + outside.slice(0, 3).join(" ") : ""}），公式 ${rendered}/${math} 排好，` +
-      `折行的代码清单 ${wraps}`);
-  }
-  await page.unroute(() => true);
+  // 三个标签页同时读（大部分时间在等网络空闲），结果按页面的顺序报告
+  const tabs = [page, ...await Promise.all([1, 2].map(() => context.newPage()))];
+  tabs.slice(1).forEach(watch);
+  const queue = [...pages], results = new Map();
+  await Promise.all(tabs.map(async (tab) => {
+    const outside = [];
+    await tab.route((url) => !url.toString().startsWith(origin), (route) => { outside.push(route.request().url()); route.abort(); });
+    for (let rel; (rel = queue.shift()) !== undefined;) {
+      outside.length = 0;
+      await tab.goto(`${origin}/${rel}`, { waitUntil: "networkidle" });
+      const math = await tab.$$eval(".math", (e) => e.length);
+      if (math) await tab.waitForFunction((n) => document.querySelectorAll("mjx-container").length >= n, math, { timeout: 30000 })
+        .catch(() => {});
+      const rendered = await tab.$$eval("mjx-container", (e) => e.length);
+      const wraps = await tab.$$eval("div.cell_input div.highlight pre", (e) => e.filter((x) => getComputedStyle(x).whiteSpace !== "pre").length);
+      results.set(rel, [outside.length === 0 && rendered >= math && wraps === 0,
+        `${rel}：离线（对外请求 ${outside.length}${outside.length ? "：" + outside.slice(0, 3).join(" ") : ""}），公式 ${rendered}/${math} 排好，` +
+        `折行的代码清单 ${wraps}`]);
+    }
+    await tab.unrouteAll();
+  }));
+  for (const rel of pages) check(...results.get(rel));
+  await Promise.all(tabs.slice(1).map((t) => t.close()));
 
   const manifest = await (await fetch(`${base}exercises.json`)).json();
   const names = manifest.exercises.map((e) => e.name);
@@ -187,21 +212,27 @@ try {
   const unlinked = names.filter((n) => !linked.has(n));
   if (unlinked.length) console.log(`note 书里还没有链接到：${unlinked.join(", ")}`);
 
-  // 3. 每一道题：原样的 stub 失败，参考答案全部通过
+  // 3. 每一道题：原样的 stub 失败，参考答案全部通过。第一道整页打开，之后在页面里换题，Python 只加载一次
+  const todo = names.filter((n) => !only.length || only.includes(n));
   let first = true;
-  for (const name of names.filter((n) => !only.length || only.includes(n))) {
+  for (const name of todo) {
     const t0 = Date.now();
-    await page.goto(`${base}?ex=${name}`);
-    if (first) {  // 第一次加载 Python 时有进度条
+    let s;
+    if (first) {
+      workers = 0;
+      await page.goto(`${base}?ex=${name}`);
       const shown = await page.waitForSelector("#loading", { state: "visible", timeout: 10000 }).then(() => true, () => false);
-      check(shown, "加载 Python 时显示进度条");
+      check(shown, "加载 Python 时显示进度条");  // 第一次加载 Python 时有进度条
+      await waitReady();
+      await page.evaluate(() => { window.sameDocument = true; });
+      s = await state();
+    } else {
+      s = await switchExercise(name);
     }
-    await waitReady();
-    let s = await state();
     const loadS = ((Date.now() - t0) / 1000).toFixed(1);
     if (!check(s.status === "ready", `${name}：Python 就绪（${loadS} 秒）${s.status === "ready" ? "" : "：" + s.statusLine}`)) continue;
     if (first && shots) await page.screenshot({ path: path.join(shots, "exercise-ready.png") });
-    check(s.code === read(name, "stub.py"), `${name}：代码框里是 stub`);
+    check(s.code === read(name, "stub.py") && s.summary === "" && s.passed === "0/0", `${name}：代码框里是 stub，没有上一题的结果`);
     s = await runCode(null);
     let [p, total] = counts(s);
     check(s.status === "failed" && total > 0, `${name} 原样的 stub 失败：${s.summary}`);
@@ -211,10 +242,79 @@ try {
     if (first && shots) await page.screenshot({ path: path.join(shots, "exercise-passed.png") });
     first = false;
   }
+  // "← 上一题"和浏览器的后退也都在页面里换题
+  const last = todo.at(-1), prev = names[names.indexOf(last) - 1];
+  if (prev) {
+    await page.click("#crumbs a:has-text('上一题')");
+    await waitReady();
+    let s = await state();
+    check(new URL(page.url()).search === `?ex=${prev}` && s.code === read(prev, todo.includes(prev) ? "solution.py" : "stub.py"),
+      `"← 上一题"：${last} → ${prev}，代码框里是那道题的代码`);
+    await page.goBack();
+    await page.waitForFunction((n) => location.search === `?ex=${n}` && document.body.dataset.status === "ready", last);
+    s = await state();
+    check(s.code === read(last, "solution.py") && s.last.includes("通过"), `浏览器后退：回到 ${last}，代码和上次结果都在`);
+  }
+  check(await page.evaluate(() => window.sameDocument === true) && workers === 1,
+    `${todo.length} 道题都在同一个页面里做完，只开了 ${workers} 个 Python worker`);
 
-  // 4. 刷新之后代码和结果还在；列表显示结果；恢复初始代码
+  // 3b. 换题后上一次运行留下的东西都不在了：在一道题里留下文件、目录和导入过的模块，换到另一道题（只有一道时就是它自己）
+  // 检查：代码 import 时 /ex 里只有这次的三个文件，sys.modules 里没有从 /ex 导入的其它模块；不干净就"收集失败"
+  const [pa, pb] = [todo.at(-1), todo[0]];
+  let s = await runCode(read(pa, "stub.py") + `
+import os, sys
+os.makedirs("/ex/leftover_dir", exist_ok=True)
+with open("/ex/leftover.py", "w") as f:
+    f.write("X = 1")
+sys.path.insert(0, "/ex")
+import importlib; importlib.invalidate_caches()
+import leftover
+`);
+  check(s.status === "failed" && !s.summary.includes("收集失败"), `${pa}：留下 /ex/leftover.py、/ex/leftover_dir 和模块 leftover（${s.summary}）`);
+  s = await switchExercise(pb);
+  s = await runCode(read(pb, "stub.py") + `
+import os, sys
+_left = sorted(n for n, m in list(sys.modules.items())
+               if str(getattr(m, "__file__", None) or "").startswith("/ex/") and n not in ("solution", "test_exercise"))
+assert not _left and sorted(os.listdir("/ex")) == ["pytest.ini", "solution.py", "test_exercise.py"], (_left, os.listdir("/ex"))
+`);
+  let [, probeTotal] = counts(s);
+  check(s.status === "failed" && !s.summary.includes("收集失败") && probeTotal > 0, `${pb}：换题后从干净的 /ex 开始（${s.summary}）`);
+  for (const name of new Set([pb, pa])) {  // 恢复成参考答案，后面的检查要用
+    if (name !== pb) s = await switchExercise(name);
+    s = await runCode(read(name, "solution.py"));
+    check(s.status === "passed", `${name}：换回参考答案仍全部通过：${s.summary}`);
+  }
+
+  // 4. 语法错误 → 收集失败；改对后同一个 worker 再跑
   const one = only[0] ?? names[0];
-  let s = await openExercise(one);
+  s = await switchExercise(one);
+  s = await runCode("def broken(:\n");
+  check(s.status === "failed" && s.summary.includes("收集失败"), `${one} 语法错误：${s.summary}`);
+  s = await runCode(read(one, "solution.py"));
+  check(s.status === "passed", `${one} 改对后重跑：${s.summary}`);
+
+  // 5. 死循环 → 超时（?timeout=3，运行时按当前地址读，所以不用重新载入），worker 被杀掉重启，页面还能用
+  await page.evaluate(() => history.replaceState(null, "", location.search + "&timeout=3"));
+  s = await runCode("while True:\n    pass\n");
+  check(s.status === "timeout" && s.summary.includes("超时"), `${one} 死循环：${s.summary}`);
+  await page.waitForFunction(() => !document.getElementById("run").disabled, null, { timeout: LOAD_MS });
+  s = await runCode(read(one, "solution.py"));
+  check(s.status === "passed", `${one} 超时后重启的 Python 正常：${s.summary}`);
+
+  // 6. 运行中换题：这次运行被停掉、不记结果，worker 重启，回来还能运行
+  const before = workers;
+  await page.fill("#code", "while True:\n    pass\n");
+  await page.click("#run");
+  await page.waitForFunction(() => document.body.dataset.status === "running");
+  s = await switchExercise(one);
+  check(s.status === "ready" && s.summary === "" && s.last.includes("通过") && workers === before + 1,
+    `${one} 运行中换题：停掉并重启 Python（worker ${before} → ${workers}），上次结果仍是"${s.last}"`);
+  s = await runCode(read(one, "solution.py"));
+  check(s.status === "passed", `${one} 换题重启后正常：${s.summary}`);
+
+  // 7. 刷新之后代码和结果还在；列表显示结果；恢复初始代码（这些不用等 Python）
+  s = await openExercise(one, "", false);
   check(s.code === read(one, "solution.py") && s.last.includes("通过"), `${one}：刷新后代码还在，显示上次结果（${s.last}）`);
   await page.goto(base);
   await page.waitForFunction(() => document.body.dataset.status === "list");
@@ -222,28 +322,14 @@ try {
   const done = rows.filter((r) => only.length ? only.includes(r.name) : true);
   check(done.every((r) => r.state === "passed"), `列表里做过的题都是"通过"：${done.map((r) => `${r.name} ${r.text}`).join("；")}`);
   if (shots) await page.screenshot({ path: path.join(shots, "list-done.png"), fullPage: true });
-  s = await openExercise(one);
+  s = await openExercise(one, "", false);
   await page.click("#reset");
   s = await state();
   check(s.code === read(one, "stub.py"), `${one}：恢复初始代码`);
-  s = await openExercise(one);
+  s = await openExercise(one, "", false);
   check(s.code === read(one, "stub.py"), `${one}：恢复后刷新仍是 stub`);
 
-  // 5. 语法错误 → 收集失败；改对后同一个 worker 再跑
-  s = await runCode("def broken(:\n");
-  check(s.status === "failed" && s.summary.includes("收集失败"), `${one} 语法错误：${s.summary}`);
-  s = await runCode(read(one, "solution.py"));
-  check(s.status === "passed", `${one} 改对后重跑：${s.summary}`);
-
-  // 6. 死循环 → 超时（?timeout=3），worker 被杀掉重启，页面还能用
-  s = await openExercise(one, "&timeout=3");
-  s = await runCode("while True:\n    pass\n");
-  check(s.status === "timeout" && s.summary.includes("超时"), `${one} 死循环：${s.summary}`);
-  await page.waitForFunction(() => !document.getElementById("run").disabled, null, { timeout: LOAD_MS });
-  s = await runCode(read(one, "solution.py"));
-  check(s.status === "passed", `${one} 超时后重启的 Python 正常：${s.summary}`);
-
-  // 7. 不存在的练习 → 提示 + 列表
+  // 8. 不存在的练习 → 提示 + 列表
   await page.goto(`${base}?ex=no_such_exercise`);
   await page.waitForFunction(() => document.body.dataset.status === "list");
   check(await page.isVisible("#notice"), "?ex=不存在的练习：提示并显示列表");

@@ -1,4 +1,5 @@
 // 在 Web Worker 里跑 Pyodide + pytest：死循环时页面可以 terminate() 这个 worker 再重新开一个。
+// 页面换题时不换 worker：每次运行都从干净的 /ex 开始，并忘掉之前从 /ex 导入的模块（不管是哪道题的）。
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 
 let py = null;
@@ -26,22 +27,26 @@ async function init(wheels) {
   }
   progress(total - 1, total, "准备 pytest");
   py.runPython(`
-import importlib, io, json, os, sys, contextlib, xml.etree.ElementTree as ET
+import importlib, io, json, linecache, os, shutil, sys, contextlib, xml.etree.ElementTree as ET
 sys.dont_write_bytecode = True
 os.makedirs("/ex", exist_ok=True)
 
 def run_tests(module, code, tests):
     import pytest
-    for f in os.listdir("/ex"):
-        os.remove(os.path.join("/ex", f))
+    # 每次运行从干净的状态开始：空的 /ex；之前从 /ex 导入的模块（也许是另一道题的）全部忘掉
+    os.chdir("/")
+    shutil.rmtree("/ex", ignore_errors=True)
+    os.makedirs("/ex")
+    for name, m in list(sys.modules.items()):
+        if name in (module, "test_exercise") or str(getattr(m, "__file__", None) or "").startswith("/ex/"):
+            del sys.modules[name]
+    linecache.clearcache()
     with open(f"/ex/{module}.py", "w", encoding="utf-8") as f:
         f.write(code)
     with open("/ex/test_exercise.py", "w", encoding="utf-8") as f:
         f.write(tests)
     with open("/ex/pytest.ini", "w") as f:
         f.write("[pytest]\\n")
-    for name in (module, "test_exercise"):
-        sys.modules.pop(name, None)
     importlib.invalidate_caches()
     os.chdir("/ex")
     out = io.StringIO()
