@@ -77,22 +77,24 @@ step "steps.py check --static: each chapter's example compiles and imports only 
 step "book: lint (no project-internal words — leases, issue numbers, paths outside the repository — on a page a reader sees)"
 "$PY" tools/book.py lint
 
-# The judge (one pytest process at a time), then a smoke run of the feature benchmarks (they subclass the scheduler:
-# a changed hook signature breaks them), on the core the book build (one process) leaves idle.
-judge_and_bench_features() {
+# On the core the book build (one process) leaves idle, one after the other: the judge (one pytest process at a
+# time); a smoke run of the feature benchmarks (they subclass the scheduler: a changed hook signature breaks them);
+# bench_serving against a real server on the embedded model, two client processes (every stream complete). One torch
+# thread each, so that they do not fight the build for its core.
+beside_the_build() {
   "$PY" practice/judge.py --self-check
   echo; echo "--- benchmarks/bench_features.py shared --quick (smoke: the TimedLLM hooks still fit the scheduler)"
   OMP_NUM_THREADS=1 "$PY" benchmarks/bench_features.py shared --quick
+  echo; echo "--- benchmarks/bench_serving.py (smoke: every stream complete)"
+  OMP_NUM_THREADS=1 "$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 \
+    --client-procs 2 --no-hf-baseline
 }
-background "practice: reference solutions pass, untouched stubs fail; bench_features smoke" judge_and_bench_features
+background "practice judge; bench_features and bench_serving smoke runs" beside_the_build
 
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
 
 wait_background
-
-step "benchmarks: bench_serving.py against a real server on the embedded model, two client processes (smoke: every stream complete)"
-"$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 --client-procs 2 --no-hf-baseline
 
 step "benchmarks: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
 "$PY" benchmarks/bench_expand.py --calls 20 --load 0 --threads 1
