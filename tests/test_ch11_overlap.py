@@ -172,6 +172,11 @@ def mixed_prompts(tokenizer, n: int) -> List[List[int]]:
     return prompts
 
 
+def leading_equal(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens of a and b are equal: the position of the first difference."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def check_greedy_close(ours: Sequence[int], ref: Sequence[int], ref_logprobs: torch.Tensor,
                        near_tie: float = NEAR_TIE) -> int:
     """The rule. ref_logprobs: [len(ref), V], transformers' log-softmax at each step of its own greedy run.
@@ -179,9 +184,9 @@ def check_greedy_close(ours: Sequence[int], ref: Sequence[int], ref_logprobs: to
     Returns how many leading tokens are equal; raises AssertionError when the first difference is not a near tie.
     """
     assert len(ours) == len(ref), f"lengths differ: ours {len(ours)}, transformers {len(ref)}"
-    for pos, (a, b) in enumerate(zip(ours, ref)):
-        if a == b:
-            continue
+    pos = leading_equal(ours, ref)
+    if pos < len(ref):
+        a, b = ours[pos], ref[pos]
         lp = ref_logprobs[pos].float()  # [V]
         best = lp.max().item()
         assert lp[b].item() == best, f"position {pos}: transformers' token {b} is not an argmax of its logits"
@@ -190,8 +195,7 @@ def check_greedy_close(ours: Sequence[int], ref: Sequence[int], ref_logprobs: to
         assert above < NEAR_TIE_RANK and gap <= near_tie, (
             f"position {pos}: ours {a}, transformers {b}; ours is {gap:.3f} nats below the top with {above} "
             f"token(s) above it (a near tie: in the top {NEAR_TIE_RANK}, <= {near_tie}): not a rounding flip")
-        return pos
-    return len(ref)
+    return pos
 
 
 def hf_greedy(model, prompt: List[int], n: int) -> Tuple[List[int], torch.Tensor]:
@@ -342,8 +346,7 @@ def test_production_path_gpu_smollm2_bf16() -> None:
     exact = [hf_greedy(hf, p, 32)[0] for p in prompts]
     del hf
     gc.collect()
-    lead = lambda a, b: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(b))  # noqa: E731
-    ours_fp32, hf_fp32 = sum(map(lead, ours, exact)), sum(map(lead, hf_bf16, exact))
+    ours_fp32, hf_fp32 = sum(map(leading_equal, ours, exact)), sum(map(leading_equal, hf_bf16, exact))
     print(f"tokens equal to transformers fp32 before the first difference: ours bf16 {ours_fp32}, "
           f"transformers bf16 {hf_fp32} (of {32 * len(prompts)})")
     assert ours_fp32 >= 0.75 * hf_fp32, f"ours {ours_fp32} vs transformers bf16 {hf_fp32}: further from fp32"
