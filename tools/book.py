@@ -237,9 +237,9 @@ def test_cell_problems(paths: List[Path]) -> List[str]:
 # Seconds each notebook took under `book.py nbval` on a 2-core CPU machine (two notebooks at once; conftest.py prints
 # this table at the end of every run). Only the order matters: the longest go first, so that the last notebook to
 # start is a short one and no core waits at the end. A notebook missing here counts as twice its stored test time.
-NBVAL_SECONDS = {"ch15": 442, "ch11": 365, "ch16": 127, "ch10": 122, "ch09": 109, "ch08": 108, "ch17": 92,
-                 "ch14": 71, "ch05": 50, "ch04": 43, "ch03": 40, "ch13": 39, "ch06": 39, "ch07": 35, "ch01": 28,
-                 "ch12": 28, "ch02": 26}
+NBVAL_SECONDS = {"ch15": 254, "ch11": 195, "ch10": 92, "ch16": 89, "ch08": 78, "ch09": 78, "ch17": 65,
+                 "ch14": 54, "ch05": 34, "ch04": 33, "ch03": 31, "ch13": 30, "ch06": 25, "ch07": 24, "ch12": 19,
+                 "ch01": 14, "ch02": 14}
 
 
 def nbval_seconds(path: Path) -> float:
