@@ -190,9 +190,16 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM 和 Ctrl-C 走同一条路：finally 里收拾工作进程
 
+def _is_resource_tracker(p: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+    except psutil.Error:  # 已经退出了
+        return False
+
 def kill_workers() -> None:
-    """结束本进程的所有子进程（连同它们的子进程）：先 terminate，5 秒后还在的 kill。"""
-    children = psutil.Process().children(recursive=True)
+    """结束本进程的所有子进程（连同它们的子进程）：先 terminate，5 秒后还在的 kill。
+    multiprocessing 的 resource tracker 除外：它忽略 SIGTERM，terminate 它只会白等 5 秒；本进程一退出它就收尾退出。"""
+    children = [c for c in psutil.Process().children(recursive=True) if not _is_resource_tracker(c)]
     for c in children:
         try:
             c.terminate()
