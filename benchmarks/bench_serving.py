@@ -22,7 +22,9 @@ job with plain transformers gives). Each line ends with minisgl's output through
 Where the time goes: the CPU seconds each process spent during the measured run — each client process, and, when the
 server was started here, each process of its group (API server, scheduler, detokenizer, tokenizers, named by
 launch.py's start order; Linux only: it reads /proc) — as a share of the wall time. A process near 100% of one core is the
-bottleneck of the pipeline, whatever the GPU could do.
+bottleneck of the pipeline, whatever the GPU could do. --stages (with a server started here) also splits the way of
+every measured request to its first token inside the server into stages (API server, tokenizer, scheduler, prefill,
+detokenizer): benchmarks/ttft_stages/ wraps a few methods in each server process, the engine is unchanged.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent  # minisgl from this tree, here and in the server it starts
+STAGES_DIR = Path(__file__).resolve().parent / "ttft_stages"  # --stages: the server's sitecustomize.py
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex every jolly "
          "merchant selling fresh bread in the old market near river bank").split()
 
@@ -75,12 +78,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, extra: List[str], log: Path) -> Tuple[subprocess.Popen, str]:
-    """python -m minisgl in its own process group, output to `log`; the caller waits for it (wait_ready)."""
+def start_server(model: str, extra: List[str], log: Path,
+                 trace_dir: Path | None = None) -> Tuple[subprocess.Popen, str]:
+    """python -m minisgl in its own process group, output to `log`; the caller waits for it (wait_ready).
+    trace_dir: every server process records each request's stages there (benchmarks/ttft_stages/sitecustomize.py)."""
     port = free_port()
     # PYTHONSAFEPATH (Python 3.11+): `-m` would put the working directory first, and a minisgl there would win
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "PYTHONSAFEPATH": "1"}
+    shim = [str(STAGES_DIR)] if trace_dir is not None else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*shim, str(ROOT), os.environ.get("PYTHONPATH")])),
+           "PYTHONSAFEPATH": "1", **({"TTFT_TRACE_DIR": str(trace_dir)} if trace_dir is not None else {})}
     with open(log, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", model, "--port", str(port), *extra],
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -314,7 +320,11 @@ def main() -> None:
     ap.add_argument("--client-procs", type=int, default=1,
                     help="client processes sharing the requests and the concurrency (one Python process tops out at "
                          "about 7,000 streamed tokens/s on the H200 machine's CPU)")
+    ap.add_argument("--stages", action="store_true",
+                    help="also split each measured request's time to its first token into stages inside the server")
     args = ap.parse_args()
+    if args.stages and args.url:
+        ap.error("--stages needs a server started here (no --url): it installs a tracer in the server's processes")
     if args.concurrency < 1 or args.num_requests < 1 or args.output_len < 2 or args.input_len < 5:
         ap.error("--concurrency and --num-requests must be >= 1, --output-len >= 2, --input-len >= 5")
     if not 1 <= args.client_procs <= min(args.concurrency, args.num_requests):
@@ -341,13 +351,17 @@ def main() -> None:
     try:
         if url is None:
             log = Path(tempfile.mkdtemp(prefix="minisgl-bench-serving-")) / "server.log"
-            proc, url = start_server(model, args.server_args.split(), log)
+            trace_dir = log.parent / "stages" if args.stages else None
+            if trace_dir is not None:
+                trace_dir.mkdir()
+            proc, url = start_server(model, args.server_args.split(), log, trace_dir)
             wait_ready(proc, url, log)
         runs = []  # (workload, results, wall, cpu) per workload
         for workload in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling]):
             asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency,
                                     args.api_key, workload, args.max_tokens_unset))  # warm-up
             before = group_cpu(proc.pid) if proc is not None else {}
+            since = time.time()
             try:
                 results, wall, client_cpu = run_measured(url, prompts, args.output_len, args.concurrency,
                                                          args.api_key, args.client_procs, workload,
@@ -359,7 +373,13 @@ def main() -> None:
                 after = group_cpu(proc.pid)
                 roles = server_roles(proc.pid, after, args.server_args)
                 cpu += [(roles[pid], sec - before.get(pid, ("", 0.0, 0))[1]) for pid, (_, sec, _) in after.items()]
-            runs.append((workload, results, wall, cpu))
+            stages = None
+            if args.stages:
+                sys.path.insert(0, str(STAGES_DIR))
+                from summarize import stage_table
+
+                stages = stage_table(trace_dir, since=since, until=time.time())
+            runs.append((workload, results, wall, cpu, stages))
     finally:
         if proc is not None:
             with contextlib.suppress(ProcessLookupError):  # the server may have died already
@@ -371,7 +391,7 @@ def main() -> None:
 
     name = f"random {args.random_config.stem}" if args.random_config else Path(model).name
     output = "chat, max_tokens unset (to EOS)" if args.max_tokens_unset else f"{args.output_len} output tokens each"
-    for workload, results, wall, cpu in runs:
+    for workload, results, wall, cpu, stages in runs:
         tokens = sum(r.output_tokens for r in results)
         rows = [("TTFT (s)", [r.ttft for r in results]), ("TPOT (ms)", [r.tpot * 1000 for r in results]),
                 ("E2E (s)", [r.e2e for r in results])]
@@ -386,7 +406,9 @@ def main() -> None:
         print(f"CPU time during the run ({wall:.1f} s wall), as a share of one core:")
         for role, sec in sorted(cpu, key=lambda x: -x[1]):
             print(f"  {role:<20}{sec:>8.1f} s {sec / wall:>6.0%}")
-    workload, results, wall, _ = runs[0]
+        if stages is not None:
+            print(stages)
+    workload, results, wall, _, _ = runs[0]
     tokens = sum(r.output_tokens for r in results)
     ours = tokens / wall
 

@@ -85,9 +85,9 @@ beside_the_build() {
   "$PY" practice/judge.py --self-check
   echo; echo "--- benchmarks/bench_features.py shared --quick (smoke: the TimedLLM hooks still fit the scheduler)"
   OMP_NUM_THREADS=1 "$PY" benchmarks/bench_features.py shared --quick
-  echo; echo "--- benchmarks/bench_serving.py (smoke: every stream complete)"
+  echo; echo "--- benchmarks/bench_serving.py --stages (smoke: every stream complete; the stage tracer still fits the server)"
   OMP_NUM_THREADS=1 "$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 \
-    --client-procs 2 --no-hf-baseline
+    --client-procs 2 --no-hf-baseline --stages
 }
 background "practice judge; bench_features and bench_serving smoke runs" beside_the_build
 
