@@ -110,6 +110,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     [ $cells = 0 ] && run bench_serving python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
       --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline --client-procs 4 \
       --sampling both
+    # where the first token waits inside the server, stage by stage (性能: serving_c64_ttft_stages.txt)
+    run bench_serving_stages python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
+      --concurrency 64 --num-requests 1024 --input-len 512 --output-len 256 --no-hf-baseline --client-procs 4 --stages
     # one client: TPOT against the batch-1 decode step (the ch15 cell runs 64 clients)
     run bench_serving_c1 python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
       --concurrency 1 --num-requests 16 --input-len 512 --output-len 256 --no-hf-baseline
