@@ -7,6 +7,7 @@ TTFT_TRACE_DIR/<pid>.txt (line-buffered: workers are terminated, not asked to ex
 reaches a stage is kept. The engine itself knows nothing about this; a renamed method fails the import loudly.
 
   api_recv     API server: the HTTP request became a request (FrontendManager.new_users)
+  api_sent     API server: its TokenizeMsg is handed to ZMQ (FrontendManager.send_one returned)
   tok_start    tokenizer process: starts tokenizing it           tok_done  ... done
   sched_recv   scheduler: receives it (Scheduler.add_request)
   launch       scheduler: first step that includes it is launched (its first prefill chunk)
@@ -76,13 +77,18 @@ if TRACE_DIR:
 
     def _patch_api_server(m) -> None:
         frontend = m.FrontendManager
-        new_users, unwrap = frontend.new_users, m._unwrap
+        new_users, send_one, unwrap = frontend.new_users, frontend.send_one, m._unwrap
 
         def _new_users(self, n=1):
             uids = new_users(self, n)
             for uid in uids:
                 record(uid, "api_recv")
             return uids
+
+        async def _send_one(self, msg):
+            await send_one(self, msg)
+            if isinstance(msg, m.TokenizeMsg):
+                record(msg.uid, "api_sent")
 
         def _unwrap(msg):
             replies = unwrap(msg)
@@ -91,7 +97,7 @@ if TRACE_DIR:
                     record(r.uid, "api_reply")
             return replies
 
-        frontend.new_users, m._unwrap = _new_users, _unwrap
+        frontend.new_users, frontend.send_one, m._unwrap = _new_users, _send_one, _unwrap
 
     PATCHES = {"minisgl.tokenizer.server": _patch_tokenizer, "minisgl.scheduler.scheduler": _patch_scheduler,
                "minisgl.server.api_server": _patch_api_server}

@@ -15,7 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List
 
-STAGES = [("api_recv", "tok_start", "API server -> tokenizer starts"), ("tok_start", "tok_done", "tokenize"),
+STAGES = [("api_recv", "api_sent", "API server: request -> sent"), ("api_sent", "tok_start", "sent -> tokenizer starts"),
+          ("tok_start", "tok_done", "tokenize"),
           ("tok_done", "sched_recv", "tokenizer -> scheduler receives"),
           ("sched_recv", "launch", "scheduler: received -> launched"),
           ("launch", "sched_first", "launched -> first token sent"),
@@ -43,14 +44,17 @@ def stage_table(trace_dir: Path, first: int = 0, count: int | None = None, since
     wanted = [u for u in sorted(events) if u >= first and since <= events[u].get("api_recv", -1.0) <= until][:count]
     if not wanted:
         raise SystemExit(f"ttft_stages: no request in {trace_dir} was selected")
-    stages = {s for a, b, _ in STAGES for s in (a, b)}
+    rows = STAGES
+    if not any("api_sent" in events[u] for u in wanted):  # traced before the tracer recorded api_sent
+        rows = [("api_recv", "tok_start", "API server -> tokenizer starts")] + STAGES[2:]
+    stages = {s for a, b, _ in rows for s in (a, b)}
     done = [u for u in wanted if stages <= events[u].keys()]
     if not done:
         raise SystemExit(f"ttft_stages: no request in {trace_dir} went through every stage")
     lines = [f"where the first token waits, inside the server: {len(done)} of {len(wanted)} requests traced "
              f"through every stage (uids {wanted[0]}..{wanted[-1]})",
              f"{'stage':<36}{'mean ms':>9}{'p50':>8}{'p90':>8}"]
-    for a, b, label in STAGES:
+    for a, b, label in rows:
         xs = [1e3 * (events[u][b] - events[u][a]) for u in done]
         lines.append(f"{label:<36}{statistics.mean(xs):>9.1f}{pct(xs, 50):>8.1f}{pct(xs, 90):>8.1f}")
     return "\n".join(lines)
