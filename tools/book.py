@@ -237,9 +237,9 @@ def test_cell_problems(paths: List[Path]) -> List[str]:
 # Seconds each notebook took under `book.py nbval` on a 2-core CPU machine (two notebooks at once; conftest.py prints
 # this table at the end of every run). Only the order matters: the longest go first, so that the last notebook to
 # start is a short one and no core waits at the end. A notebook missing here counts as twice its stored test time.
-NBVAL_SECONDS = {"ch15": 254, "ch11": 195, "ch10": 92, "ch16": 89, "ch08": 78, "ch09": 78, "ch17": 65,
-                 "ch14": 54, "ch05": 34, "ch04": 33, "ch03": 31, "ch13": 30, "ch06": 25, "ch07": 24, "ch12": 19,
-                 "ch01": 14, "ch02": 14}
+NBVAL_SECONDS = {"ch15": 203, "ch11": 179, "ch10": 93, "ch16": 85, "ch08": 71, "ch09": 68, "ch17": 53,
+                 "ch14": 43, "ch05": 28, "ch04": 27, "ch03": 27, "ch13": 24, "ch06": 22, "ch07": 20, "ch12": 15,
+                 "ch01": 12, "ch02": 11}
 
 
 def nbval_seconds(path: Path) -> float:
