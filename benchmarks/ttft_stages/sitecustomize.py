@@ -7,7 +7,7 @@ TTFT_TRACE_DIR/<pid>.txt (line-buffered: workers are terminated, not asked to ex
 reaches a stage is kept. The engine itself knows nothing about this; a renamed method fails the import loudly.
 
   api_recv     API server: the HTTP request became a request (FrontendManager.new_users)
-  api_sent     API server: its TokenizeMsg is handed to ZMQ (FrontendManager.send_one returned)
+  api_sent     API server: its TokenizeMsg is about to be handed to ZMQ (FrontendManager.send_one called)
   tok_start    tokenizer process: starts tokenizing it           tok_done  ... done
   sched_recv   scheduler: receives it (Scheduler.add_request)
   launch       scheduler: first step that includes it is launched (its first prefill chunk)
@@ -86,9 +86,9 @@ if TRACE_DIR:
             return uids
 
         async def _send_one(self, msg):
-            await send_one(self, msg)
-            if isinstance(msg, m.TokenizeMsg):
+            if isinstance(msg, m.TokenizeMsg):  # before the await: its resumption can come after the tokenizer started
                 record(msg.uid, "api_sent")
+            await send_one(self, msg)
 
         def _unwrap(msg):
             replies = unwrap(msg)

@@ -15,8 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List
 
-STAGES = [("api_recv", "api_sent", "API server: request -> sent"), ("api_sent", "tok_start", "sent -> tokenizer starts"),
-          ("tok_start", "tok_done", "tokenize"),
+STAGES = [("api_recv", "api_sent", "API server: request -> sending"),
+          ("api_sent", "tok_start", "sending -> tokenizer starts"), ("tok_start", "tok_done", "tokenize"),
           ("tok_done", "sched_recv", "tokenizer -> scheduler receives"),
           ("sched_recv", "launch", "scheduler: received -> launched"),
           ("launch", "sched_first", "launched -> first token sent"),
