@@ -298,6 +298,44 @@ def pct(xs: List[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
 
 
+# --stages: (from, to, label) per row; each stage is recorded by benchmarks/ttft_stages/sitecustomize.py
+STAGES = [("api_recv", "api_sent", "API server: request -> sending"),
+          ("api_sent", "tok_start", "sending -> tokenizer starts"), ("tok_start", "tok_done", "tokenize"),
+          ("tok_done", "sched_recv", "tokenizer -> scheduler receives"),
+          ("sched_recv", "launch", "scheduler: received -> launched"),
+          ("launch", "sched_first", "launched -> first token sent"),
+          ("sched_first", "detok", "scheduler -> detokenizer reply"), ("detok", "api_reply", "detokenizer -> API server"),
+          ("api_recv", "api_reply", "inside the server, in all")]
+
+
+def stage_table(trace_dir: Path, first: int = 0, count: int | None = None, since: float = 0.0,
+                until: float = float("inf")) -> str:
+    """The --stages table from the <pid>.txt files in trace_dir: requests with uid >= first whose API server got them
+    in [since, until], at most count of them; mean / p50 / p90 ms per stage."""
+    events: Dict[int, Dict[str, float]] = {}
+    for f in sorted(trace_dir.glob("*.txt")):
+        for line in f.read_text().splitlines():
+            uid, stage, t = line.split()
+            events.setdefault(int(uid), {}).setdefault(stage, float(t))
+    wanted = [u for u in sorted(events) if u >= first and since <= events[u].get("api_recv", -1.0) <= until][:count]
+    if not wanted:
+        raise SystemExit(f"bench_serving --stages: no request in {trace_dir} was selected")
+    rows = STAGES
+    if not any("api_sent" in events[u] for u in wanted):  # traced before the tracer recorded api_sent
+        rows = [("api_recv", "tok_start", "API server -> tokenizer starts")] + STAGES[2:]
+    stages = {s for a, b, _ in rows for s in (a, b)}
+    done = [u for u in wanted if stages <= events[u].keys()]
+    if not done:
+        raise SystemExit(f"bench_serving --stages: no request in {trace_dir} went through every stage")
+    lines = [f"where the first token waits, inside the server: {len(done)} of {len(wanted)} requests traced "
+             f"through every stage (uids {wanted[0]}..{wanted[-1]})",
+             f"{'stage':<36}{'mean ms':>9}{'p50':>8}{'p90':>8}"]
+    for a, b, label in rows:
+        xs = [1e3 * (events[u][b] - events[u][a]) for u in done]
+        lines.append(f"{label:<36}{statistics.mean(xs):>9.1f}{pct(xs, 50):>8.1f}{pct(xs, 90):>8.1f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default=None, help="a running server; default: start one")
@@ -352,11 +390,11 @@ def main() -> None:
         if url is None:
             log = Path(tempfile.mkdtemp(prefix="minisgl-bench-serving-")) / "server.log"
             trace_dir = log.parent / "stages" if args.stages else None
-            if trace_dir is not None:
+            if args.stages:
                 trace_dir.mkdir()
             proc, url = start_server(model, args.server_args.split(), log, trace_dir)
             wait_ready(proc, url, log)
-        runs = []  # (workload, results, wall, cpu) per workload
+        runs = []  # (workload, results, wall, cpu, the --stages table or None) per workload
         for workload in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling]):
             asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency,
                                     args.api_key, workload, args.max_tokens_unset))  # warm-up
@@ -373,12 +411,7 @@ def main() -> None:
                 after = group_cpu(proc.pid)
                 roles = server_roles(proc.pid, after, args.server_args)
                 cpu += [(roles[pid], sec - before.get(pid, ("", 0.0, 0))[1]) for pid, (_, sec, _) in after.items()]
-            stages = None
-            if args.stages:
-                sys.path.insert(0, str(STAGES_DIR))
-                from summarize import stage_table
-
-                stages = stage_table(trace_dir, since=since, until=time.time())
+            stages = stage_table(trace_dir, since=since, until=time.time()) if args.stages else None
             runs.append((workload, results, wall, cpu, stages))
     finally:
         if proc is not None:
