@@ -63,8 +63,9 @@ if TRACE_DIR:
             return add_request(self, msg)
 
         def _launch(self, batch, last=None):
-            for req in batch.reqs:
-                record(req.uid, "launch")
+            if not batch.is_decode:  # a request's first launch is a prefill chunk: decode steps have nothing new
+                for req in batch.reqs:
+                    record(req.uid, "launch")
             return launch(self, batch, last)
 
         def _send_result(self, replies):
