@@ -149,17 +149,19 @@ class FrontendManager:
             self.ack_map[uid].append(UserReply(uid=uid, incremental_output="", finished=True, finish_reason="error"))
             event.set()
 
-    async def stream_with_cancellation(self, gen: AsyncIterator[bytes], request: Request,
-                                       uids: List[int]) -> AsyncIterator[bytes]:
-        """客户端断开连接时，通知后端中止这些请求，释放它们占用的 KV 缓存。"""
+    async def stream_with_cancellation(self, gen: AsyncIterator[bytes], uids: List[int]) -> AsyncIterator[bytes]:
+        """客户端断开连接时，通知后端中止这些请求，释放它们占用的 KV 缓存。
+
+        发现断开的是 Starlette：StreamingResponse 一边写一边听 http.disconnect，听到就取消写的任务。这个生成器
+        正等着回复时收到 CancelledError，正停在 yield 时被关掉（GeneratorExit）：两种都走 finally。"""
+        finished = False
         try:
             async for chunk in gen:
-                if await request.is_disconnected():
-                    raise asyncio.CancelledError
                 yield chunk
-        except asyncio.CancelledError:
-            asyncio.create_task(self.abort_users(uids))
-            raise
+            finished = True
+        finally:
+            if not finished:
+                asyncio.create_task(self.abort_users(uids))
 
     async def collect_with_cancellation(self, uids: List[int], request: Request) -> List[List[UserReply]]:
         """非流式：收集每个请求的全部回复；其间每 0.1 秒看一次客户端还在不在，断开了就中止。"""
@@ -618,8 +620,8 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     shape = _Shape(head, chat, n, top, echo)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return StreamingResponse(state.stream_with_cancellation(_stream(state, uids, shape, include_usage),
-                                                                request, uids), media_type="text/event-stream")
+        return StreamingResponse(state.stream_with_cancellation(_stream(state, uids, shape, include_usage), uids),
+                                 media_type="text/event-stream")
     groups = await state.collect_with_cancellation(uids, request)
     if any(g[-1].finish_reason == "error" for g in groups):
         raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
@@ -650,7 +652,7 @@ async def generate(req: GenerateRequest, request: Request):
             yield b"".join(_sse(ack.incremental_output) for _, ack in replies)
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(state.stream_with_cancellation(pieces(), request, uids), media_type="text/event-stream")
+    return StreamingResponse(state.stream_with_cancellation(pieces(), uids), media_type="text/event-stream")
 
 def _model_card(state: FrontendManager) -> Dict[str, Any]:
     c = state.config
@@ -785,7 +787,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                                event(f"response.{done['status']}", response=done)]
             yield b"".join(frames)
 
-    return StreamingResponse(state.stream_with_cancellation(events(), request, uids), media_type="text/event-stream")
+    return StreamingResponse(state.stream_with_cancellation(events(), uids), media_type="text/event-stream")
 
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # 秒
