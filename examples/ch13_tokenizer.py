@@ -96,7 +96,7 @@ def main() -> None:
     ack = ctx.Queue()
     proc = ctx.Process(target=tokenize_worker, kwargs=dict(
         tokenizer_path=str(qwen_path), addr=addr, create=True, backend_addr=backend_addr,
-        frontend_addr=frontend_addr, local_bs=1, tokenizer_id=0, ack_queue=ack))
+        frontend_addr=frontend_addr, tokenizer_id=0, ack_queue=ack))
     t0 = time.perf_counter()
     proc.start()
     print(f"\n{ack.get(timeout=120)}（启动用了 {time.perf_counter() - t0:.1f} s）")

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict
+import functools
+from typing import Any, Dict, FrozenSet, Tuple
 
 import msgpack
 import torch
@@ -15,6 +16,7 @@ from .tokenizer import BaseTokenizerMsg
 
 _TYPE = "__type__"
 _TENSOR = "Tensor"
+_PLAIN = {type(None), bool, int, float, str, bytes}  # msgpack 原样收下的类型（不含子类）：不用再递归
 
 
 _KNOWN: Dict[str, type] = {}
@@ -52,8 +54,9 @@ def serialize_type(obj: Any) -> Any:
             raise ValueError(f"{type(obj).__qualname__} is not a message type (only subclasses of the "
                              f"Base*Msg classes and SamplingParams travel between processes)")
         out: Dict[str, Any] = {_TYPE: name}
-        for f in dataclasses.fields(obj):
-            out[f.name] = serialize_type(getattr(obj, f.name))
+        for field_name in _fields(type(obj))[0]:
+            v = getattr(obj, field_name)
+            out[field_name] = v if type(v) in _PLAIN else serialize_type(v)
         return out
     if isinstance(obj, (list, tuple)):
         return [serialize_type(v) for v in obj]
@@ -63,6 +66,13 @@ def serialize_type(obj: Any) -> Any:
                 raise ValueError(f"message dict keys must be strings other than {_TYPE!r}, got {key!r}")
         return {k: serialize_type(v) for k, v in obj.items()}
     raise TypeError(f"cannot put a {type(obj).__name__} into a message: {obj!r:.80}")
+
+
+@functools.cache
+def _fields(cls: type) -> Tuple[Tuple[str, ...], FrozenSet[str]]:
+    """一个消息类的全部字段名，和构造时能给的那些（init=True）：每个类只问 dataclasses 一次。"""
+    fields = dataclasses.fields(cls)
+    return tuple(f.name for f in fields), frozenset(f.name for f in fields if f.init)
 
 
 def _tensor_to_dict(t: torch.Tensor) -> Dict[str, Any]:
@@ -85,8 +95,8 @@ def deserialize_type(data: Any) -> Any:
     if name == _TENSOR:
         return _dict_to_tensor(data)
     cls = _lookup(name)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    kwargs = {k: deserialize_type(v) for k, v in data.items() if k != _TYPE}
+    names = _fields(cls)[1]
+    kwargs = {k: v if type(v) in _PLAIN else deserialize_type(v) for k, v in data.items() if k != _TYPE}
     if not kwargs.keys() <= names:
         raise ValueError(f"{name} has no fields {sorted(kwargs.keys() - names)} (fields: {sorted(names)})")
     return cls(**kwargs)

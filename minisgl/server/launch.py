@@ -116,7 +116,7 @@ def start_backend(server_args: ServerArgs, links: List[NodeLink] | None = None) 
         return procs
     n = server_args.num_tokenizer
     common = dict(tokenizer_path=str(server_args.model_path), backend_addr=server_args.zmq_backend_addr,
-                  frontend_addr=server_args.zmq_frontend_addr, local_bs=1, ack_queue=ack_queue,
+                  frontend_addr=server_args.zmq_frontend_addr, ack_queue=ack_queue,
                   max_seq_len=model_limits(server_args)[0])  # 放不下的请求在分词时就拒绝（第 13 章）
     start("minisgl-detokenizer", tokenize_worker, **common, addr=server_args.zmq_detokenizer_addr,
           create=True, tokenizer_id=n, wait_for_info=n > 0)  # token 先于登记到达时等登记（第 13 章）

@@ -1,6 +1,7 @@
 # Tangled from book/chapters/ch13_tokenizer.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
+import functools
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class DetokenizeManager:
         self.states: dict[int, DecodeState] = {}
         self.forgotten: OrderedDict[int, None] = OrderedDict()  # 已经结束、调度器可能还在发 token 的请求
         self._bytes: Dict[int, bytes] = {}  # token id → 它自己的字节（logprobs 用，用到才算）
+        self._window = _rust_decode(tokenizer) or self.decode  # 每个 token 两次的窗口解码用它
 
     def decode(self, ids: Sequence[int]) -> str:
         """一次性解码：增量输出拼起来必须等于它。"""
@@ -95,7 +97,7 @@ class DetokenizeManager:
                 s.logprobs = s.logprobs if s.logprobs is not None else []
                 s.logprobs.append(self.logprob_entry(msg))
                 assert len(s.logprobs) == len(s.ids), f"request {msg.uid}: a token came without its logprob"
-        _advance(s, self.decode, final=msg.finished)
+        _advance(s, self._window, final=msg.finished)
         piece, hit = _take(s, final=msg.finished)
         finished = msg.finished or hit
         if finished:
@@ -108,6 +110,15 @@ class DetokenizeManager:
                          completion_tokens=s.completion_tokens if finished else 0,
                          cached_tokens=s.cached_tokens if finished else 0,
                          logprobs=_take_logprobs(s, finished, hit))
+
+
+def _rust_decode(tokenizer: Any) -> Callable[[List[int]], str] | None:
+    """和 tokenizer.decode(ids, skip_special_tokens=True) 结果相同、直接调 tokenizers（Rust）的解码；
+    分词器要清理空格（clean_up_tokenization_spaces）或者不是 fast tokenizer 时没有这条近路，返回 None。"""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return functools.partial(backend.decode, skip_special_tokens=True)
 
 
 def _advance(s: DecodeState, decode: Callable[[List[int]], str], final: bool) -> None:

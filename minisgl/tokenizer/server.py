@@ -104,14 +104,14 @@ def _batch(msgs: List[Any], batch_cls: type) -> Any:
 
 
 def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addr: str,
-                    local_bs: int = 1, tokenizer_id: int = 0, ack_queue: mp.Queue | None = None,
+                    local_bs: int = 1024, tokenizer_id: int = 0, ack_queue: mp.Queue | None = None,
                     detokenizer_addr: str | None = None, wait_for_info: bool = False,
                     max_seq_len: int | None = None) -> None:
     """一个分词进程的主循环：从 addr 收消息，UserMsg / AbortBackendMsg 发给调度器，UserReply 发给 API Server。
 
     detokenizer_addr=None：这个进程自己反分词；否则它是单独的 tokenizer，把登记信息和中止请求转到那里。
     wait_for_info：这个进程是有单独 tokenizer 时的 detokenizer，每个请求的 token 都等它的登记（见 TokenizerLoop）。
-    local_bs：凑够这么多条消息（或者队列空了）再处理一批。max_seq_len：服务的上下文长度（见 TokenizeManager）。
+    local_bs：一批至多这么多条消息，队列空了就不再等。max_seq_len：服务的上下文长度（见 TokenizeManager）。
     """
     watch_parent()  # 启动器被 kill -9 时也跟着退出（第 12 章）
     torch.set_num_threads(1)  # 分词不用 torch 算什么：别让它的线程和调度器抢核
@@ -126,19 +126,25 @@ def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_add
     role = "tokenizer" if send_detokenizer is not None else "detokenizer"
     if ack_queue is not None:
         ack_queue.put(f"Tokenizer {tokenizer_id} ({role}) is ready")
+    def flush(out: Outbox) -> None:
+        if out.detokenizer:  # 先登记，再让调度器开始生成
+            assert send_detokenizer is not None
+            send_detokenizer.put(_batch(out.detokenizer, BatchTokenizerMsg))
+        if out.backend:
+            send_backend.put(_batch(out.backend, BatchBackendMsg))
+        if out.frontend:
+            send_frontend.put(_batch(out.frontend, BatchFrontendMsg))
+
     try:
         while True:
             msgs = _unwrap(recv.get())
-            while len(msgs) < local_bs and not recv.empty():
+            while len(msgs) < local_bs and not recv.empty():  # 已经到了的一起取走
                 msgs += _unwrap(recv.get())
-            out = loop.step(msgs)
-            if out.detokenizer:  # 先登记，再让调度器开始生成
-                assert send_detokenizer is not None
-                send_detokenizer.put(_batch(out.detokenizer, BatchTokenizerMsg))
-            if out.backend:
-                send_backend.put(_batch(out.backend, BatchBackendMsg))
-            if out.frontend:
-                send_frontend.put(_batch(out.frontend, BatchFrontendMsg))
+            new = [m for m in msgs if isinstance(m, TokenizeMsg)]
+            if new and len(new) < len(msgs):  # 新请求先分词、先发给调度器，不排在几步的 token 后面
+                flush(loop.step(new))
+                msgs = [m for m in msgs if not isinstance(m, TokenizeMsg)]
+            flush(loop.step(msgs))
     except KeyboardInterrupt:
         pass
     finally:
