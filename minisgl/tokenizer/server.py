@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Deque, Dict, List
 
 import torch
 
@@ -104,14 +105,15 @@ def _batch(msgs: List[Any], batch_cls: type) -> Any:
 
 
 def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addr: str,
-                    local_bs: int = 1024, tokenizer_id: int = 0, ack_queue: mp.Queue | None = None,
+                    local_bs: int = 64, tokenizer_id: int = 0, ack_queue: mp.Queue | None = None,
                     detokenizer_addr: str | None = None, wait_for_info: bool = False,
                     max_seq_len: int | None = None) -> None:
     """一个分词进程的主循环：从 addr 收消息，UserMsg / AbortBackendMsg 发给调度器，UserReply 发给 API Server。
 
     detokenizer_addr=None：这个进程自己反分词；否则它是单独的 tokenizer，把登记信息和中止请求转到那里。
     wait_for_info：这个进程是有单独 tokenizer 时的 detokenizer，每个请求的 token 都等它的登记（见 TokenizerLoop）。
-    local_bs：一批至多这么多条消息，队列空了就不再等。max_seq_len：服务的上下文长度（见 TokenizeManager）。
+    local_bs：新请求之外的消息一次至多处理这么多条，处理完就回头看有没有新请求。
+    max_seq_len：服务的上下文长度（见 TokenizeManager）。
     """
     watch_parent()  # 启动器被 kill -9 时也跟着退出（第 12 章）
     torch.set_num_threads(1)  # 分词不用 torch 算什么：别让它的线程和调度器抢核
@@ -135,16 +137,18 @@ def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_add
         if out.frontend:
             send_frontend.put(_batch(out.frontend, BatchFrontendMsg))
 
+    backlog: Deque[BaseTokenizerMsg] = deque()  # 已经到了、还没处理的其余消息，按到达顺序
     try:
         while True:
-            msgs = _unwrap(recv.get())
-            while len(msgs) < local_bs and not recv.empty():  # 已经到了的一起取走
-                msgs += _unwrap(recv.get())
-            new = [m for m in msgs if isinstance(m, TokenizeMsg)]
-            if new and len(new) < len(msgs):  # 新请求先分词、先发给调度器，不排在几步的 token 后面
+            arrived = [] if backlog else _unwrap(recv.get())  # 手上没活时才阻塞着等
+            while not recv.empty():  # 已经到了的全部取走
+                arrived += _unwrap(recv.get())
+            new = [m for m in arrived if isinstance(m, TokenizeMsg)]
+            if new:  # 新请求插队：先分词、先发给调度器
                 flush(loop.step(new))
-                msgs = [m for m in msgs if not isinstance(m, TokenizeMsg)]
-            flush(loop.step(msgs))
+            backlog.extend(m for m in arrived if not isinstance(m, TokenizeMsg))
+            if backlog:  # 其余的至多 local_bs 条，做完回到上面，看看这期间有没有来新请求
+                flush(loop.step([backlog.popleft() for _ in range(min(local_bs, len(backlog)))]))
     except KeyboardInterrupt:
         pass
     finally:
