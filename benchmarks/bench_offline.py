@@ -31,6 +31,7 @@ import dataclasses
 import gc
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -166,14 +167,26 @@ def host_profile(fn: Callable[[], int], device: str) -> None:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
     print(f"\nhost profile (cProfile, outputs capped at 128 tokens): {wall:.2f} s wall")
-    print("\n".join(line for line in out.getvalue().splitlines()[6:] if line.strip()))
+    print("\n".join(short_paths(line) for line in out.getvalue().splitlines()[6:] if line.strip()))
+
+
+def short_paths(line: str) -> str:
+    """A cProfile line with its file relative to the repository (minisgl/core.py), or, for Python's own and
+    installed packages, to their lib directory (torch/cuda/graphs.py): where this run happened to be installed is
+    of no use to a reader."""
+    line = line.replace(str(BENCH.parent) + os.sep, "")
+    line = re.sub(r"(?<!\S)/\S*?/(?=(?:minisgl|benchmarks)/)", "", line)  # the tree reached by another path
+    return re.sub(r"(?<!\S)\S*/lib/python3\.\d+/(?:site-packages/)?", "", line)
 
 
 def profile_run(fn: Callable[[], int], device: str) -> None:
     """Where the GPU time goes: kernel time by kind, kernel count, and the share of wall time the GPU was busy."""
     import collections
+    import warnings
     from torch.profiler import ProfilerActivity, profile
 
+    # one profiling cycle here: torch's reminder that it clears the events of earlier cycles does not apply
+    warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         tokens, wall = timed(fn, device)
     kern: Dict[str, float] = collections.Counter()
