@@ -12,7 +12,7 @@ import torch
 
 from minisgl.core import SamplingParams
 from minisgl.message import (AbortBackendMsg, AbortMsg, BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg,
-                             DetokenizeInfoMsg, DetokenizeMsg, TokenizeMsg, UserMsg, UserReply)
+                             DetokenizeInfoMsg, DetokenizeMsg, TokenizeMsg, UserMsg, UserReply, encode)
 from minisgl.tokenizer import DetokenizeManager, TokenizeManager, TokenizerLoop, token_bytes, tokenize_worker
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
@@ -376,3 +376,35 @@ def test_worker_over_zmq(tokenizers: Dict[str, Any], num_tokenizer: int) -> None
             p.join(30)
         for q in (api, scheduler, backend, frontend):
             q.stop()
+
+
+def test_new_request_jumps_the_detokenize_backlog(tokenizers: Dict[str, Any]) -> None:
+    """几百步的 token 排在队列里时来了一个新请求：它的 UserMsg 先于这些 token 的绝大部分回复发出。"""
+    tok = tokenizers["qwen3"]
+    d = tempfile.mkdtemp(prefix="tok")
+    addr, out_addr = f"ipc://{d}/in", f"ipc://{d}/out"
+    out: ZmqPullQueue = ZmqPullQueue(out_addr, create=True)  # 调度器和 API Server 的消息都到这里
+    ctx = mp.get_context("spawn")
+    ack = ctx.Queue()
+    proc = ctx.Process(target=tokenize_worker, kwargs=dict(
+        tokenizer_path=str(qwen3_tokenizer_dir()), addr=addr, create=True, backend_addr=out_addr,
+        frontend_addr=out_addr, ack_queue=ack))
+    proc.start()
+    send: ZmqPushQueue = ZmqPushQueue(addr, create=False)
+    try:
+        ack.get(timeout=120)
+        ids, steps = tok.encode(" ".join(TEXTS)), 1000
+        wire = [encode(BatchTokenizerMsg([DetokenizeMsg(100 + u, ids[(i + u) % len(ids)], False) for u in range(64)]))
+                for i in range(steps)]  # 先编码好，发的时候只是写字节：新请求紧跟在 1,000 步之后到达
+        for w in wire:
+            send.put_raw(w)
+        send.put(TokenizeMsg(1, "x", SamplingParams()))
+        replies = 0
+        while not any(isinstance(m, UserMsg) for m in unwrap(out.get(timeout=60))):
+            replies += 1
+        assert replies < steps // 4, f"the new request waited behind {replies} of {steps} steps of tokens"
+    finally:
+        proc.terminate()
+        proc.join(30)
+        send.stop()
+        out.stop()
