@@ -88,8 +88,10 @@ beside_the_build() {
   echo; echo "--- benchmarks/bench_serving.py --stages (smoke: every stream complete; the stage tracer still fits the server)"
   OMP_NUM_THREADS=1 "$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 \
     --client-procs 2 --no-hf-baseline --stages
+  echo; echo "--- benchmarks/bench_tokenizer_queue.py (smoke: it still drives a tokenize_worker)"
+  OMP_NUM_THREADS=1 "$PY" benchmarks/bench_tokenizer_queue.py --rates 5000 --seconds 1
 }
-background "practice judge; bench_features and bench_serving smoke runs" beside_the_build
+background "practice judge; bench_features, bench_serving and bench_tokenizer_queue smoke runs" beside_the_build
 
 step "book: jupyter-book build, warnings as errors"
 "$PY" tools/book.py build
