@@ -140,7 +140,6 @@ def run_layer(args: argparse.Namespace) -> None:
     print("(distinct: measured on these random inputs / expected under uniform routing)")
     if args.sweep:
         sweep(args, layers, block_chain, graphed, Blocks)
-    print("JSON", json.dumps(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
@@ -252,7 +251,6 @@ def run_decode(args: argparse.Namespace) -> None:
         print(f"{('on' if r['graphs'] else 'off'):>7} {r['batch']:>6} {r['distinct']:>13.1f} "
               f"{gb['experts'] + gb['other'] + gb['kv']:>9.2f} {r['step_ms']:>8.3f} {r['forward_ms']:>10.3f} "
               f"{r['floor_ms']:>9.3f} {r['forward_ms'] / r['floor_ms']:>9.2f} {r['batch'] / r['step_ms'] * 1000:>9.0f}")
-    print("JSON", json.dumps(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
