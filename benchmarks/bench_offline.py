@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import logging
 import os
 import random
 import re
@@ -265,6 +266,8 @@ def run_hf_continuous(model, prompts, outputs, args) -> Tuple[int, float] | str:
 
     if not hasattr(model, "init_continuous_batching"):
         return "not in this transformers version"
+    # eos_token_id=None is the point here (ignore_eos): its warning that EOS is disabled would only clutter the table
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     cfg = GenerationConfig(do_sample=False, max_new_tokens=max(outputs), eos_token_id=None,
                            pad_token_id=model.config.pad_token_id or 0)
 

@@ -9,6 +9,7 @@ if [ -d .whl ] && [ ! -d /tmp/site ]; then
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
 export PYTHONUNBUFFERED=1
+export TQDM_DISABLE=1  # no progress bars (weights loading, shard writing) in the stored GPU outputs and tables
 rc=0
 run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
   local name=$1; shift
