@@ -37,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
@@ -176,14 +177,12 @@ def short_paths(line: str) -> str:
     installed packages, to their lib directory (torch/cuda/graphs.py): where this run happened to be installed is
     of no use to a reader."""
     line = line.replace(str(BENCH.parent) + os.sep, "")
-    line = re.sub(r"(?<!\S)/\S*?/(?=(?:minisgl|benchmarks)/)", "", line)  # the tree reached by another path
     return re.sub(r"(?<!\S)\S*/lib/python3\.\d+/(?:site-packages/)?", "", line)
 
 
 def profile_run(fn: Callable[[], int], device: str) -> None:
     """Where the GPU time goes: kernel time by kind, kernel count, and the share of wall time the GPU was busy."""
     import collections
-    import warnings
     from torch.profiler import ProfilerActivity, profile
 
     # one profiling cycle here: torch's reminder that it clears the events of earlier cycles does not apply

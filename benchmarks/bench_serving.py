@@ -261,21 +261,30 @@ def hf_baseline(hf, prompts: List[str], output_len: int, batch: int = 1) -> Tupl
         return lat, time.perf_counter() - t0
 
 
+def stat_fields(pid: int) -> List[str]:
+    """Fields 3.. of /proc/<pid>/stat (proc(5)): state ppid pgrp ... utime(14) stime(15) ... starttime(22)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def cpu_seconds(fields: List[str]) -> float:
+    """User + system CPU seconds from stat_fields."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def group_cpu(pgid: int) -> Dict[int, Tuple[str, float, int]]:
     """pid -> (command line, user+system CPU seconds, start tick) of every live process in process group pgid."""
     if not os.path.isdir("/proc"):  # not Linux: the report then has this client only
         return {}
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            f = stat_fields(int(pid))
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # the process ended while we looked
             continue
-        f = stat[stat.rindex(")") + 2:].split()  # fields 3.. of proc(5): state ppid pgrp ... utime(14) stime(15)
         if int(f[2]) == pgid:
-            out[int(pid)] = (cmd, (int(f[11]) + int(f[12])) / tick, int(f[19]))
+            out[int(pid)] = (cmd, cpu_seconds(f), int(f[19]))
     return out
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -26,6 +26,7 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_serving import cpu_seconds, pct, stat_fields  # noqa: E402  (this folder is on sys.path: the script's own)
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.message import BatchBackendMsg, BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg, UserMsg, encode  # noqa: E402
 from minisgl.tokenizer import tokenize_worker  # noqa: E402
@@ -33,11 +34,6 @@ from minisgl.utils.hf import load_tokenizer, qwen3_tokenizer_dir  # noqa: E402
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue  # noqa: E402
 
 PROMPT_EVERY = 0.013  # s between new prompts
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def one_rate(rate: float, seconds: float, batch: int, ids: List[int]) -> str:
@@ -81,7 +77,7 @@ def one_rate(rate: float, seconds: float, batch: int, ids: List[int]) -> str:
                                       for u in range(batch)])) for i in range(256)]
     prompt = " ".join(["hello world"] * 256)
     period = batch / rate
-    cpu0 = cpu_seconds(proc.pid)
+    cpu0 = cpu_seconds(stat_fields(proc.pid))
     t0 = time.perf_counter()
     next_batch, next_prompt, i = t0, t0 + 0.05, 0
     while (now := time.perf_counter()) - t0 < seconds:
@@ -96,7 +92,7 @@ def one_rate(rate: float, seconds: float, batch: int, ids: List[int]) -> str:
             next_batch += period
         time.sleep(0.0002)
     wall = time.perf_counter() - t0
-    cpu = cpu_seconds(proc.pid) - cpu0
+    cpu = cpu_seconds(stat_fields(proc.pid)) - cpu0
     time.sleep(1.0)
     stop.set()
     for t in threads:
@@ -105,10 +101,10 @@ def one_rate(rate: float, seconds: float, batch: int, ids: List[int]) -> str:
     proc.join(30)
     for q in (send, backend, frontend):
         q.stop()
-    lat = sorted(1e3 * (got[u] - sent[u]) for u in sent if u in got)
-    pct = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]  # noqa: E731
-    return (f"{i * batch / wall:>10,.0f} {len(lat):>5}/{len(sent):<5} {pct(0.5):>8.1f} {pct(0.9):>8.1f} "
-            f"{lat[-1]:>8.1f} {100 * cpu / wall:>9.0f}%")
+    shutil.rmtree(d, ignore_errors=True)
+    lat = [1e3 * (got[u] - sent[u]) for u in sent if u in got]
+    return (f"{i * batch / wall:>10,.0f} {len(lat):>5}/{len(sent):<5} {pct(lat, 50):>8.1f} {pct(lat, 90):>8.1f} "
+            f"{max(lat):>8.1f} {100 * cpu / wall:>9.0f}%")
 
 
 def main() -> None:
