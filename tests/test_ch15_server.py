@@ -175,7 +175,7 @@ def test_stream_and_concurrent(server) -> None:
 
 
 def test_disconnect_storm_frees_everything(server) -> None:
-    """16 个流同时断开：/metrics 回到 0 个运行中、0 个排队、请求占着的 KV 页为 0（前缀缓存里的不算）。"""
+    """16 个流同时断开：/metrics 回到 0 个运行中、0 个排队、请求占着的 KV 页为 0（前缀缓存里的不算）；之后照常回答。"""
     port, _ = server
 
     async def hang_up(i: int) -> None:
@@ -198,7 +198,12 @@ def test_disconnect_storm_frees_everything(server) -> None:
         assert time.time() < deadline, f"resources were not released: {m}"
         time.sleep(0.3)
     assert m["minisgl_kv_pages_free"] + m["minisgl_kv_pages_cached"] > 0
-    assert m["minisgl_generation_tokens_total"] > 0 and m['minisgl_request_latency_seconds_bucket{le="+Inf"}'] > 0
+    done = m['minisgl_request_latency_seconds_bucket{le="+Inf"}']  # 中止的请求不算"完成"
+    r = client(port).completions.create(model="m", prompt="after the storm", max_tokens=2,
+                                        extra_body={"ignore_eos": True})  # 服务照常回答
+    m = metrics(port)
+    assert r.usage.completion_tokens == 2 and m['minisgl_request_latency_seconds_bucket{le="+Inf"}'] == done + 1
+    assert m["minisgl_generation_tokens_total"] >= 2
 
 
 BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误里的 param)
@@ -637,7 +642,7 @@ def dummy_server(tiny_qwen3: Path, tmp_path_factory) -> Iterator[Tuple[subproces
 
 def test_new_flags(dummy_server, tiny_qwen3: Path, capsys) -> None:
     """--num-threads、--dummy-weight、--cpu-kv-memory-mb 在 --help 里；只对另一种设备有意义的 flag 一行报错；
-    --dummy-weight 不读权重文件：一个只有配置和分词器的目录也能起服务、回答请求。"""
+    --dummy-weight 不读权重文件：一个只有配置和分词器的目录也能起服务、回答请求；刚起来的服务，/metrics 报出整个池。"""
     from minisgl.server.args import build_parser, parse_args
 
     help_text = build_parser().format_help()
@@ -651,6 +656,8 @@ def test_new_flags(dummy_server, tiny_qwen3: Path, capsys) -> None:
             parse_args(["--model", str(tiny_qwen3), *flags.split()])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(f"error: {msg}"), err
+    m = metrics(dummy_server[1])  # 第一个请求之前：整个池都是空闲页（调度器启动时推过一次统计）
+    assert m["minisgl_kv_pages_free"] > 0 and m["minisgl_kv_pages_used"] == m["minisgl_kv_pages_cached"] == 0, m
     r = client(dummy_server[1]).completions.create(model="m", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3
 

@@ -77,6 +77,14 @@ class FrontendManager:
             asyncio.create_task(self.listen())
             self.initialized = True
 
+    async def wait_for_stats(self) -> None:
+        """服务刚起来、listen() 还没收到调度器的第一条统计时：最多等 2 秒，不拿全 0 的页数充数。"""
+        self.start()
+        for _ in range(40):
+            if self.metrics.ready:
+                return
+            await asyncio.sleep(0.05)
+
     async def send_one(self, msg: TokenizeMsg | AbortMsg) -> None:
         """同一个 uid 的消息总发给同一个分词进程：中止不会抢在请求前面（第 13 章）。"""
         if self.dead is not None:
@@ -681,7 +689,7 @@ async def health():
 @app.get("/metrics")
 async def metrics():
     state = get_state()
-    state.start()  # 还没有请求时也要开始收调度器的统计
+    await state.wait_for_stats()  # 还没有请求时也要开始收调度器的统计
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -875,11 +883,7 @@ _NOT_SHOWN = ("api_key", "zmq_", "tp_info")  # 密钥不往外说；ZMQ 地址�
 async def get_server_info():
     """SGLang 的同名接口：启动参数（外加 SGLang 对同样东西的叫法）、调度器的实时统计、版本。"""
     state = get_state()
-    state.start()
-    for _ in range(40):  # 服务刚起来、调度器的第一条统计还没到：最多等 2 秒，不拿全 0 充数
-        if state.metrics.ready:
-            break
-        await asyncio.sleep(0.05)
+    await state.wait_for_stats()  # 服务刚起来时等调度器的第一条统计（第 15 章的 /metrics 也这样）
     config, m = state.config, state.metrics
     s = m.stats
     info: Dict[str, Any] = {}
