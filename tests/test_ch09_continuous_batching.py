@@ -1,6 +1,8 @@
 # Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
 """第 9 章：一起提交的请求与单独运行逐 token 相同；资源全部回来；按估计接纳、页不够时撤回，结果不变；
-前缀在 prefill 算完时就能命中；过长的请求被拒绝；中止不泄漏。"""
+前缀在 prefill 算完时就能命中；过长的请求被拒绝；中止和 Ctrl-C 不泄漏。"""
+import signal
+
 import pytest
 import torch
 
@@ -186,4 +188,44 @@ def test_llm_api(tiny_qwen3) -> None:
                           "cached_tokens": stopped[1]["cached_tokens"]}
     with pytest.raises(ValueError, match="2 prompts but 1 sampling_params"):
         llm.generate([[1], [2]], [SamplingParams()])
+    V = llm.engine.model_config.vocab_size
+    for bad in ([[1, 2], [V]], [[1, 2], [-1]], [[1, 2], []]):  # 第一个合格：也不能留在调度器里
+        with pytest.raises(ValueError, match="outside the vocabulary|is empty"):
+            llm.generate(bad)
+        assert not llm.prefill.pending and not llm.running
     llm.shutdown()
+
+
+def test_ctrl_c_lands_between_steps(tiny_qwen3) -> None:
+    """generate 里第 3 步时来了 SIGINT：这一步照常算完，没结束的请求被中止、页和槽全部回来，然后才抛出
+    KeyboardInterrupt；之后的 generate 和从没被打断过的 LLM 逐 token 相同（还命中了被打断时算好的前缀）。"""
+    def make() -> LLM:
+        return LLM(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=4, max_seq_len_override=128)
+
+    prompts = [list(range(10 + i, 30 + i)) for i in range(6)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    llm, steps = make(), []
+
+    def run_step() -> bool:
+        steps.append(len(steps))
+        if len(steps) == 3:
+            signal.raise_signal(signal.SIGINT)  # 处理函数在下一条字节码处运行：正在这一步里面
+        return LLM.run_step(llm)
+
+    llm.run_step = run_step  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(prompts, params, use_tqdm=False)
+    assert 3 <= len(steps) < 10  # 第 3 步之后停下（加上收尾的几步），而不是跑完 40 个 token
+    del llm.run_step
+    assert not llm.prefill.pending and not llm.running and llm.table.num_free == 4
+    assert not llm._outputs and not llm._done
+    llm.cache.check_integrity()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # 处理函数换回去了
+    got = llm.generate(prompts[:2], params, use_tqdm=False)
+    llm.cache.flush()
+    assert len(llm.cache.free_pages) == 256
+    llm.shutdown()
+    fresh = make()
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in fresh.generate(prompts[:2], params, use_tqdm=False)]
+    assert [o["cached_tokens"] for o in got] == [16, 16]  # 被打断的那次 prefill 算好的整页还在前缀缓存里
+    fresh.shutdown()

@@ -1,7 +1,10 @@
 # Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 from tqdm.auto import tqdm
@@ -12,6 +15,25 @@ from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.utils.hf import load_tokenizer, resolve_model_path
 
 Prompt = str | List[int]
+
+
+@contextmanager
+def sigint_between_steps() -> Iterator[List[bool]]:
+    """Ctrl-C（Jupyter 的"中断"）只记一笔，由调用方在两步之间处理：flag[0] 变成 True。一步算到一半抛出的
+    KeyboardInterrupt 会让请求槽、页和前缀缓存的账停在半路。信号处理函数只能在主线程里装；别的线程里什么也不改。"""
+    flag = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        flag[0] = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class LLM(Scheduler):
@@ -56,28 +78,30 @@ class LLM(Scheduler):
             [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
-        uids = []
-        for prompt, sp in zip(prompts, params):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            if not ids:
-                raise ValueError("a prompt is empty: give at least one token")
-            if len(ids) >= self.engine.max_seq_len:
-                raise ValueError(f"a prompt has {len(ids)} tokens; max_seq_len is {self.engine.max_seq_len} "
-                                 "(--max-seq-len-override)")
-            uid, self._next_uid = self._next_uid, self._next_uid + 1
+        encoded = [self._prompt_ids(p) for p in prompts]  # 先全部检查：有一个不合格，就一个也不交给调度器
+        uids = list(range(self._next_uid, self._next_uid + len(encoded)))
+        self._next_uid += len(encoded)
+        for uid, ids, sp in zip(uids, encoded, params):
             self._outputs[uid] = []
-            uids.append(uid)
             self.receive_msg(UserMsg(uid, torch.tensor(ids, dtype=torch.int32), sp))
         bar = tqdm(total=len(uids), desc="generate", disable=not use_tqdm)
-        with torch.inference_mode():
-            while any(u not in self._done for u in uids):
+        with torch.inference_mode(), sigint_between_steps() as interrupted:
+            while any(u not in self._done for u in uids) and not interrupted[0]:
                 before = len(self._done)
                 if not self.run_step():
                     raise RuntimeError("the scheduler stopped with requests unfinished")  # 不应发生：防止死循环
                 bar.update(len(self._done) - before)
+            if interrupted[0]:  # 还没结束的都中止（已经结束的什么也不做）：槽和页在下面的几步里回来
+                for uid in uids:
+                    self.abort_request(uid)
             while self.run_step():  # 重叠时最后一步的结果还在飞行中：把它处理完，资源才会释放
                 pass
         bar.close()
+        if interrupted[0]:
+            for uid in uids:
+                for outputs in (self._outputs, self._done, self._cached, self._logprobs, self._top):
+                    outputs.pop(uid, None)
+            raise KeyboardInterrupt
         results = []
         for uid in uids:
             ids = self._outputs.pop(uid)
@@ -89,3 +113,16 @@ class LLM(Scheduler):
                 out["top_logprobs"] = self._top.pop(uid)
             results.append(out)
         return results
+
+    def _prompt_ids(self, prompt: Prompt) -> List[int]:
+        """用户能改的东西在接口处检查，抛 ValueError 并说该调哪个参数，而不是让引擎在半路出错。"""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("a prompt is empty: give at least one token")
+        if len(ids) >= self.engine.max_seq_len:
+            raise ValueError(f"a prompt has {len(ids)} tokens; max_seq_len is {self.engine.max_seq_len} "
+                             "(--max-seq-len-override)")
+        V = self.engine.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= V:
+            raise ValueError(f"a prompt has token ids outside the vocabulary 0..{V - 1}")
+        return ids
