@@ -2,6 +2,8 @@
 """python -m minisgl.shell（或 python -m minisgl --shell）：在终端里和模型对话。"""
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 from typing import Dict, List
 
@@ -10,7 +12,7 @@ from minisgl.message import TokenizeMsg
 from minisgl.server.api_server import FrontendManager
 
 SHELL_SAMPLING = SamplingParams(temperature=0.6, max_tokens=512)  # upstream 的 shell 也用温度 0.6
-HELP = "输入消息回车发送；/reset 清空对话，/exit 退出（Ctrl-D 也行）"
+HELP = "输入消息回车发送；回答时 Ctrl-C 停下这个回答；/reset 清空对话，/exit 退出（Ctrl-D 也行）"
 
 async def run_shell(state: FrontendManager, sampling: SamplingParams = SHELL_SAMPLING) -> None:
     """一问一答：整段对话历史每轮都发给模型（套对话模板），回答流式地写到终端。"""
@@ -34,15 +36,42 @@ async def run_shell(state: FrontendManager, sampling: SamplingParams = SHELL_SAM
         if not line:
             continue
         history.append({"role": "user", "content": line})
-        uid = state.new_users()[0]
-        await state.send_one(TokenizeMsg(uid=uid, text=list(history), sampling_params=sampling))
+        answer = await stream_answer(state, history, sampling)
+        if answer is None:  # 被 Ctrl-C 停下：这一问不进历史
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": answer})
+
+async def stream_answer(state: FrontendManager, history: List[Dict[str, str]], sampling: SamplingParams) -> str | None:
+    """把回答边生成边写到终端，返回它；写到一半按了 Ctrl-C：中止这个请求（槽和页回到调度器），返回 None。
+
+    输入时终端归 prompt_toolkit 管，Ctrl-C 只是一个按键；回答时它是发给整个进程组的 SIGINT：这段时间里由事件循环
+    接住，只取消写回答的任务（工作进程不理会它，见 launch.py 的 _ignoring_sigint）。"""
+    uid = state.new_users()[0]
+    await state.send_one(TokenizeMsg(uid=uid, text=list(history), sampling_params=sampling))
+
+    async def write() -> str:
         answer = ""
         async for ack in state.wait_for_ack(uid):
             answer += ack.incremental_output
             sys.stdout.write(ack.incremental_output)
             sys.stdout.flush()
-        sys.stdout.write("\n")
-        history.append({"role": "assistant", "content": answer})
+        return answer
+
+    task, stopped = asyncio.ensure_future(write()), []
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, lambda: (stopped.append(True), task.cancel()))
+    try:
+        answer: str | None = await task
+    except asyncio.CancelledError:
+        if not stopped:  # 不是 Ctrl-C，是外面在取消整个 shell
+            raise
+        await state.abort_users([uid])
+        answer = None
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    sys.stdout.write("\n" if answer is not None else "\n(stopped)\n")
+    return answer
 
 if __name__ == "__main__":
     from minisgl.server.launch import launch_server

@@ -674,16 +674,23 @@ def test_kill_9_of_the_launcher_leaves_no_worker(dummy_server) -> None:
 
 
 def test_shell_in_a_terminal(tiny_qwen3: Path) -> None:
-    """--shell 在伪终端里：提示符、流式的回答、/reset、/exit。"""
+    """--shell 在伪终端里：提示符、流式的回答、回答时的 Ctrl-C 只停这个回答（工作进程还在，下一问照常回答）、
+    /reset、/exit。"""
     pexpect = pytest.importorskip("pexpect")
     env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="dumb")
     sh = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(tiny_qwen3), "--shell",
-                                        "--max-seq-len-override", "64"],  # 回答最多几十个 token
+                                        "--max-seq-len-override", "1024"],  # 随机的小模型停不下来：每轮 512 个 token
                        env=env, timeout=240, encoding="utf-8")
     try:
         sh.expect("/reset")  # 开头的帮助行
         sh.expect("> ")
         sh.sendline("hello")
+        sh.expect("hello")  # 回显的输入行
+        sh.expect(r"\S")  # 回答开始了
+        sh.sendintr()  # Ctrl-C：发给整个进程组
+        sh.expect(r"\(stopped\)", timeout=60)
+        sh.expect("> ")
+        sh.sendline("hello again")
         sh.sendline("/reset")  # 回答完才会读到它
         sh.expect(r"\(history cleared\)", timeout=120)
         sh.sendline("/exit")

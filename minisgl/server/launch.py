@@ -90,6 +90,12 @@ def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
 class WorkerError(RuntimeError):
     """一个工作进程没能就绪（或者就绪前就退出了）。"""
 
+def _ignoring_sigint(target: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """--shell 的工作进程：终端里的 Ctrl-C 发给整个进程组，它们不理会（只停当前的回答，见 shell.py）；
+    退出由启动器收拾（kill_workers），启动器不在了由 watch_parent 发现。"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    target(*args, **kwargs)
+
 def start_backend(server_args: ServerArgs, links: List[NodeLink] | None = None) -> List[mp.Process]:
     """启动本节点的后端进程：本节点的每个 TP rank 一个调度器进程；节点 0 再加一个 detokenizer、若干 tokenizer，
     并等它们都就绪（其他节点只有调度器，不等：rank 0 在节点 0 上，就绪由它报告）。links：其他节点，等的时候也看着。"""
@@ -101,6 +107,8 @@ def start_backend(server_args: ServerArgs, links: List[NodeLink] | None = None) 
     procs: List[Any] = []
 
     def start(name: str, target: Any, *args: Any, **kwargs: Any) -> None:
+        if server_args.shell:
+            target, args = _ignoring_sigint, (target, *args)
         p = ctx.Process(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
         p.start()
         procs.append(p)
