@@ -136,6 +136,8 @@ class FrontendManager:
                     await event.wait()
                     event.clear()  # 先清再取（下一轮）：清之后到的回复会再 set，不会漏
         finally:
+            if running:  # 没等到结束就走了（客户端断开、shell 里的 Ctrl-C）：后端会中止它们，/metrics 记作 abort
+                self.metrics.finished["abort"] = self.metrics.finished.get("abort", 0) + len(running)
             for uid in uids:
                 self._forget(uid)
 
@@ -810,6 +812,7 @@ class Metrics:
     generation_tokens: int = 0
     latency_buckets: List[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))  # 累计：<= 上界的个数
     latency_sum: float = 0.0
+    latency_count: int = 0  # 跑完的请求（客户端断开的 abort 只进 finished，没有端到端延迟）
 
     @property
     def ready(self) -> bool:
@@ -823,6 +826,7 @@ class Metrics:
         self.prompt_tokens += reply.prompt_tokens
         self.generation_tokens += reply.completion_tokens
         self.latency_sum += seconds
+        self.latency_count += 1
         for i, bound in enumerate(LATENCY_BUCKETS):
             self.latency_buckets[i] += seconds <= bound
 
@@ -849,7 +853,7 @@ class Metrics:
                [f"minisgl_generation_tokens_total {self.generation_tokens}"])
         metric("requests_finished_total", "counter", "Finished requests by finish reason",
                [f'minisgl_requests_finished_total{{reason="{r}"}} {n}' for r, n in sorted(self.finished.items())])
-        count = sum(self.finished.values())
+        count = self.latency_count
         metric("request_latency_seconds", "histogram", "End-to-end latency of finished requests",
                [f'minisgl_request_latency_seconds_bucket{{le="{b}"}} {n}'
                 for b, n in zip(LATENCY_BUCKETS, self.latency_buckets)]
