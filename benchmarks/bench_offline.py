@@ -44,7 +44,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))  # minisgl from this tree
+sys.path.insert(0, str(BENCH.parent))  # the repository's minisgl (a chapter tree links benchmarks/ here: the final engine)
 
 
 def workload(n: int, lo: int, hi: int, vocab: int) -> Tuple[List[List[int]], List[int]]:

@@ -35,7 +35,7 @@ try:
     children = psutil.Process(proc.pid).children(recursive=True)
     workers = [c for c in children if "--multiprocessing-fork" in c.cmdline()]
     print(f"服务就绪（约 {time.time() - t:.0f} 秒）：主进程（API Server）+ {len(workers)} 个工作进程"
-          f"（调度器、tokenizer）")
+          f"（调度器、兼做分词的 detokenizer）")
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
     name = client.models.list().data[0].id
 

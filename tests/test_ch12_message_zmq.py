@@ -135,7 +135,7 @@ def test_errors_name_the_bad_value() -> None:
 def test_msgpack_is_smaller_than_pickle_for_a_batch() -> None:
     batch = BatchBackendMsg([UserMsg(i, torch.zeros(1000, dtype=torch.int32), SamplingParams()) for i in range(8)])
     payload = 8 * 4000
-    assert payload < len(encode(batch)) < payload * 1.1  # 几乎只有张量本身的字节（每条消息多两百来个字节的字段名）
+    assert payload < len(encode(batch)) < payload * 1.1  # 几乎只有张量本身的字节（每条消息多三百来个字节的字段名）
     assert len(encode(batch)) < len(pickle.dumps(batch))
 
 

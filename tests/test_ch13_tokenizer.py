@@ -296,7 +296,7 @@ def test_routing_with_a_separate_tokenizer(tokenizers: Dict[str, Any]) -> None:
     assert out.detokenizer == [AbortMsg(uid=1)] and out.backend == [AbortBackendMsg(uid=1)]
     assert detokenizer.step(out.detokenizer).backend == []  # detokenizer 只忘掉状态：调度器已经收到了
     assert not detokenizer.detokenize_manager.states
-    ids = tok.encode("1 2 3 4")  # 全部 token 都先于登记到达（CI 里真碰上过）：先存着，登记一到照样在 stop 前截断
+    ids = tok.encode("1 2 3 4")  # 全部 token 都先于登记到达（负载重时真会发生）：先存着，登记一到照样在 stop 前截断
     steps = [detokenizer.step([DetokenizeMsg(2, t, False)]) for t in ids]
     assert all(not o.frontend and not o.backend for o in steps) and len(detokenizer.early[2]) == len(ids)
     out = detokenizer.step([DetokenizeInfoMsg(uid=2, prompt_tokens=4, stop=["3"])])

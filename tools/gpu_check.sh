@@ -78,7 +78,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       "${hf[@]}" --json "$OUT/bench_offline.json"
     MINISGL_FUSED_KERNELS=0 run bench_offline_unfused python3 benchmarks/bench_offline.py --gpu --no-hf --no-hf-cb \
       --json "$OUT/bench_offline_unfused.json"
-    # the full engine (overlap on) against transformers on the first 64 (the ch09 cell runs its tree, overlap off)
+    # the full engine (overlap on) against transformers on the first 64 (the ch09 cell runs the same engine with overlap off)
     [ $cells = 1 ] && has hf && run bench_offline_hf64 python3 benchmarks/bench_offline.py --gpu --variants overlap=on \
       --hf-seqs 64 --json "$OUT/offline_overlap_on_hf64.json"
     # the offline run step by step: GPU time per kind of step, GPU idle between steps, the scheduler's CPU work

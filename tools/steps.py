@@ -661,11 +661,12 @@ def cmd_execute(names: List[str], timeout: int, gpu_only: bool, cell_ids: List[s
         nb = nbformat.read(path, as_version=4)
         run = nb
         if gpu_only or cell_ids:  # 只跑第一个（设置）单元格和选中的单元格，其余单元格的输出原样保留
+            first = _first_code(nb)
             keep = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
-                    and (i == _first_code(nb) or (gpu_only and "gpu" in c.metadata.get("tags", []))
+                    and (i == first or (gpu_only and "gpu" in c.metadata.get("tags", []))
                          or c.get("id") in (cell_ids or ()))]
-            if len(keep) <= 1:
-                continue
+            if keep == [first] and nb.cells[first].get("id") not in (cell_ids or ()):
+                continue  # 只有设置单元格：这一章没有要跑的
             run = nbformat.v4.new_notebook(cells=[nb.cells[i] for i in keep], metadata=nb.metadata)
         t0 = time.time()
         client = NotebookClient(run, timeout=timeout, kernel_name="python3", record_timing=False,
