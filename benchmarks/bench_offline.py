@@ -94,8 +94,8 @@ SAMPLED = "sampled (T=0.7, top_p=0.9)"
 def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | None = None,
                 subsets: List[int] = (), profile: bool = False, sampling: str = "greedy"
                 ) -> List[Tuple[str, int, float]]:
-    """One LLM: the whole workload timed (greedy, then sampled if asked), then (subsets) its first k sequences,
-    then (profile) a profiled run."""
+    """One LLM: the whole workload timed (greedy, then sampled if asked; sampling "none": no timed run), then
+    (subsets) its first k sequences, then (profile) a profiled run."""
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
@@ -328,7 +328,7 @@ def main() -> None:
     ap.add_argument("--sampling", choices=["both", "greedy", "sampled"], default="both",
                     help="the first configuration runs greedy and sampled (T=0.7, top_p=0.9) back to back (default), "
                          "or one of them; the other configurations run greedy")
-    ap.add_argument("--profile", action="store_true", help="profile the first minisgl configuration (torch profiler)")
+    ap.add_argument("--profile", action="store_true", help="profile the first minisgl configuration (torch profiler), on a new engine after every timed run")
     ap.add_argument("--host-profile", action="store_true", help="with --profile: also cProfile the host side")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' static generate")
@@ -378,8 +378,12 @@ def main() -> None:
     subsets = [k] if hf and k < n else []
     rows = []
     for i, v in enumerate(variants):
-        rows += run_minisgl(path, prompts, outputs, args, v, subsets if i == 0 else [], args.profile and i == 0,
+        rows += run_minisgl(path, prompts, outputs, args, v, subsets if i == 0 else [], False,
                             args.sampling if i == 0 else "greedy")
+        if gpu:
+            torch.cuda.empty_cache()
+    if args.profile:  # after every timed run: a profile leaves hooks in the process that can slow later runs
+        run_minisgl(path, prompts, outputs, args, variants[0], profile=True, sampling="none")
         if gpu:
             torch.cuda.empty_cache()
     model = load_hf(path, args) if hf else None
