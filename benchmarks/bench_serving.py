@@ -7,7 +7,10 @@
                                   [--hf-baseline | --no-hf-baseline]
 
 Without --url it starts `python -m minisgl --model PATH` on a free port (its own process group) and kills it at
-the end. Every request streams a /v1/completions answer of exactly --output-len tokens (ignore_eos) for a prompt of
+the end. With --peer DIR it starts upstream mini-sglang's server from DIR (its python/ folder, git-ignored, as for
+benchmarks/bench_peer.py) instead, with dummy weights in --random-config, and streams the same prompts through the
+endpoint it has (/v1/chat/completions with a raw `prompt`; it reports no usage, so each answer counts --output-len
+tokens, which ignore_eos makes exact). Every request streams a /v1/completions answer of exactly --output-len tokens (ignore_eos) for a prompt of
 about --input-len tokens (seeded random words), --concurrency of them in flight at a time. Reported: TTFT (time
 to the first streamed chunk), TPOT (time per output token after the first), end-to-end latency (p50/p90/p99), and
 output-token / request throughput. --sampling picks the workload: greedy (temperature 0), sampled (temperature 0.7,
@@ -78,17 +81,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, extra: List[str], log: Path,
-                 trace_dir: Path | None = None) -> Tuple[subprocess.Popen, str]:
+def start_server(model: str, extra: List[str], log: Path, trace_dir: Path | None = None,
+                 peer: Path | None = None) -> Tuple[subprocess.Popen, str]:
     """python -m minisgl in its own process group, output to `log`; the caller waits for it (wait_ready).
-    trace_dir: every server process records each request's stages there (benchmarks/ttft_stages/sitecustomize.py)."""
+    trace_dir: every server process records each request's stages there (benchmarks/ttft_stages/sitecustomize.py).
+    peer: upstream's python/ folder: its server instead, with dummy weights (`model` holds a config and a tokenizer)."""
     port = free_port()
     # PYTHONSAFEPATH (Python 3.11+): `-m` would put the working directory first, and a minisgl there would win
     shim = [str(STAGES_DIR)] if trace_dir is not None else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*shim, str(ROOT), os.environ.get("PYTHONPATH")])),
+    first = [str(peer.resolve())] + [str(d) for d in [peer.resolve().parent / "sgl_kernel_shim"] if d.is_dir()] \
+        if peer is not None else [*shim, str(ROOT)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*first, os.environ.get("PYTHONPATH")])),
            "PYTHONSAFEPATH": "1", **({"TTFT_TRACE_DIR": str(trace_dir)} if trace_dir is not None else {})}
+    cmd = ["--model-path", model, "--dummy-weight"] if peer is not None else ["--model", model]
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", model, "--port", str(port), *extra],
+        proc = subprocess.Popen([sys.executable, "-m", "minisgl", *cmd, "--port", str(port), *extra],
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -101,7 +108,7 @@ def log_tail(log: Path, n: int = 20) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
 
 
-def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600) -> None:
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600, path: str = "/health") -> None:
     import httpx
 
     deadline = time.time() + timeout
@@ -110,7 +117,7 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600
             sys.exit(f"bench_serving: the server exited with code {proc.returncode}; the end of its log:\n"
                      f"{log_tail(log)}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -120,20 +127,28 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600
 
 
 async def run_clients(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
-                      workload: str = "greedy", chat_unset: bool = False, on_done=None) -> Tuple[List[Result], float]:
+                      workload: str = "greedy", chat_unset: bool = False, on_done=None,
+                      upstream: bool = False) -> Tuple[List[Result], float]:
     """Stream every prompt, at most `concurrency` in flight; on_done() after each finished request.
-    chat_unset: /v1/chat/completions without max_tokens or ignore_eos (each answer runs to EOS or a full context)."""
+    chat_unset: /v1/chat/completions without max_tokens or ignore_eos (each answer runs to EOS or a full context).
+    upstream: upstream's server (its chat endpoint takes a raw `prompt` when `messages` is empty; no usage)."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=3600)
     sem = asyncio.Semaphore(concurrency)
-    kw = dict(model="bench", stream=True, stream_options={"include_usage": True}, **SAMPLING[workload])
+    kw = dict(model="bench", stream=True, **SAMPLING[workload])
+    if not upstream:  # upstream's server has no stream_options (and reports no usage)
+        kw["stream_options"] = {"include_usage": True}
 
     async def one(prompt: str) -> Result:
         async with sem:
             t0 = time.perf_counter()
             ttft, tokens = None, 0
-            if chat_unset:
+            if upstream:
+                stream = await client.chat.completions.create(messages=[], max_tokens=output_len, extra_body={
+                    "prompt": prompt, "ignore_eos": True}, **kw)
+                tokens = output_len
+            elif chat_unset:
                 stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kw)
             else:
                 stream = await client.completions.create(prompt=prompt, max_tokens=output_len,
@@ -141,7 +156,7 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
             async for chunk in stream:
                 if ttft is None and chunk.choices:
                     ttft = time.perf_counter() - t0
-                if chunk.usage is not None:
+                if getattr(chunk, "usage", None) is not None:
                     tokens = chunk.usage.completion_tokens
             if on_done is not None:
                 on_done()
@@ -156,7 +171,7 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
 
 
 def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str, workload: str,
-                 chat_unset: bool, go, done, out) -> None:
+                 chat_unset: bool, upstream: bool, go, done, out) -> None:
     """One client process (spawned): waits at `go` for the others, runs its share, sends (results, start, end, CPU seconds)."""
     import openai  # noqa: F401  imported before the start line, not inside the measured time
 
@@ -168,7 +183,7 @@ def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int
     cpu0, t0 = time.process_time(), time.monotonic()
     try:
         results, _ = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key, workload, chat_unset,
-                                             bump))
+                                             bump, upstream))
         rows = [(r.ttft, r.e2e, r.output_tokens) for r in results]  # plain tuples: Result lives in __main__
         out.put((rows, t0, time.monotonic(), time.process_time() - cpu0))
     except BaseException as e:  # the parent must not wait forever for this share
@@ -177,25 +192,26 @@ def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int
 
 
 def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
-                 procs: int, workload: str = "greedy", chat_unset: bool = False) -> Tuple[List[Result], float, List[float]]:
+                 procs: int, workload: str = "greedy", chat_unset: bool = False,
+                 upstream: bool = False) -> Tuple[List[Result], float, List[float]]:
     """The measured run over `procs` client processes (request i goes to process i % procs, each with its share
     of the concurrency): (results, wall seconds from the common start to the last answer, CPU seconds per
     client process). One process runs in this one; several are spawned, so that no single Python event loop
     parsing every SSE stream limits what is measured."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(prompts), desc=f"minisgl {workload} x{concurrency}")
+    bar = tqdm(total=len(prompts), desc=f"{'upstream' if upstream else 'minisgl'} {workload} x{concurrency}")
     if procs == 1:
         cpu0 = time.process_time()
         results, wall = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key, workload, chat_unset,
-                                                lambda: bar.update(1)))
+                                                lambda: bar.update(1), upstream))
         bar.close()
         return results, wall, [time.process_time() - cpu0]
     ctx = mp.get_context("spawn")
     go, done, out = ctx.Barrier(procs + 1), ctx.Value("i", 0), ctx.Queue()  # go: all start together
     shares = [(prompts[i::procs], concurrency // procs + (i < concurrency % procs)) for i in range(procs)]
-    workers = [ctx.Process(target=_client_proc, args=(url, ps, output_len, c, api_key, workload, chat_unset, go, done,
-                                                      out), daemon=True) for ps, c in shares]
+    workers = [ctx.Process(target=_client_proc, args=(url, ps, output_len, c, api_key, workload, chat_unset, upstream,
+                                                      go, done, out), daemon=True) for ps, c in shares]
     for w in workers:
         w.start()
     try:
@@ -367,11 +383,21 @@ def main() -> None:
     ap.add_argument("--client-procs", type=int, default=1,
                     help="client processes sharing the requests and the concurrency (one Python process tops out at "
                          "about 7,000 streamed tokens/s on the H200 machine's CPU)")
+    ap.add_argument("--peer", type=Path, default=None,
+                    help="upstream mini-sglang's python/ folder: start its server instead (dummy weights in "
+                         "--random-config), e.g. .peer/python; --server-args then go to it (default: --attn fi "
+                         "--page-size 256, as benchmarks/bench_peer.py runs it)")
     ap.add_argument("--stages", action="store_true",
                     help="also split each measured request's time to its first token into stages inside the server")
     args = ap.parse_args()
     if args.stages and args.url:
         ap.error("--stages needs a server started here (no --url): it installs a tracer in the server's processes")
+    if args.peer is not None:
+        if args.url or args.stages or args.max_tokens_unset or not args.random_config:
+            ap.error("--peer needs --random-config, and no --url, --stages or --max-tokens-unset")
+        if not (args.peer / "minisgl").is_dir():
+            ap.error(f"--peer {args.peer}: no minisgl package there (put upstream's python/ folder there)")
+        args.server_args = args.server_args or "--attn fi --page-size 256"
     if args.concurrency < 1 or args.num_requests < 1 or args.output_len < 2 or args.input_len < 5:
         ap.error("--concurrency and --num-requests must be >= 1, --output-len >= 2, --input-len >= 5")
     if not 1 <= args.client_procs <= min(args.concurrency, args.num_requests):
@@ -381,7 +407,12 @@ def main() -> None:
     from minisgl.utils.hf import resolve_model_path
 
     tmp = None
-    if args.random_config:
+    if args.peer is not None:  # a config and Qwen3's tokenizer: upstream makes the dummy weights itself
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_peer import model_dir
+
+        model = str(model_dir(args.peer.resolve().parent / args.random_config.stem, args.random_config))
+    elif args.random_config:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_offline import random_checkpoint
 
@@ -401,18 +432,18 @@ def main() -> None:
             trace_dir = log.parent / "stages" if args.stages else None
             if args.stages:
                 trace_dir.mkdir()
-            proc, url = start_server(model, args.server_args.split(), log, trace_dir)
-            wait_ready(proc, url, log)
+            proc, url = start_server(model, args.server_args.split(), log, trace_dir, args.peer)
+            wait_ready(proc, url, log, path="/v1/models" if args.peer else "/health")
         runs = []  # (workload, results, wall, cpu, the --stages table or None) per workload
         for workload in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling]):
-            asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency,
-                                    args.api_key, workload, args.max_tokens_unset))  # warm-up
+            asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency, args.api_key, workload,
+                                    args.max_tokens_unset, upstream=args.peer is not None))  # warm-up
             before = group_cpu(proc.pid) if proc is not None else {}
             since = time.time()
             try:
                 results, wall, client_cpu = run_measured(url, prompts, args.output_len, args.concurrency,
                                                          args.api_key, args.client_procs, workload,
-                                                         args.max_tokens_unset)
+                                                         args.max_tokens_unset, args.peer is not None)
             except ClientFailed as e:
                 sys.exit(f"bench_serving: {e}" + (f"; the end of the server's log:\n{log_tail(log, 60)}" if proc else ""))
             cpu = [(f"client {i}" if len(client_cpu) > 1 else "this client", sec) for i, sec in enumerate(client_cpu)]
@@ -444,7 +475,8 @@ def main() -> None:
         for row, xs in rows:
             print(f"{row:<12}{statistics.mean(xs):>10.3f}{pct(xs, 50):>10.3f}{pct(xs, 90):>10.3f}{pct(xs, 99):>10.3f}")
         ours = tokens / wall
-        print(f"minisgl: {wall:.1f} s, {tokens} output tokens, {ours:.1f} output tok/s, {len(results) / wall:.2f} req/s")
+        print(f"{'upstream @20fcd7f' if args.peer else 'minisgl'}: {wall:.1f} s, {tokens} output tokens, "
+              f"{ours:.1f} output tok/s, {len(results) / wall:.2f} req/s")
         print(f"CPU time during the run ({wall:.1f} s wall), as a share of one core:")
         for role, sec in sorted(cpu, key=lambda x: -x[1]):
             print(f"  {role:<20}{sec:>8.1f} s {sec / wall:>6.0%}")
@@ -458,7 +490,7 @@ def main() -> None:
     if use_hf is None:
         import torch
 
-        use_hf = not torch.cuda.is_available()
+        use_hf = not torch.cuda.is_available() and args.peer is None  # upstream's dummy weights are not on disk
     if use_hf and (workload != "greedy" or args.max_tokens_unset):
         print("(no transformers baseline: it runs the greedy /v1/completions workload only)")
     elif use_hf:

@@ -8,7 +8,8 @@
 # "decode offline peer hf serving structured" (default all) and "ab" (minisgl and upstream taking turns on the offline
 # workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare) and "moe" (not in the
 # default: tools/gpu_moe.sh, the production-path test and Qwen3-30B-A3B's MoE block, decode step and offline run
-# against upstream); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
+# against upstream) and "serving_ab" (not in the default: the ch15 serving workload against upstream's server,
+# AB_ROUNDS turns each); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
 # GEMV_SWEEP=1 adds the block-shape sweep of benchmarks/bench_gemv.py; ATTN_SWEEP=1 the split-KV sweep of
 # benchmarks/bench_attention.py.
 # Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
@@ -116,6 +117,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # one client: TPOT against the batch-1 decode step (the ch15 cell runs 64 clients)
     run bench_serving_c1 python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
       --concurrency 1 --num-requests 16 --input-len 512 --output-len 256 --no-hf-baseline
+  fi
+  if has serving_ab && [ -d .peer/python/minisgl ]; then  # the ch15 serving workload, minisgl and upstream taking turns
+    for r in $(seq -w "${AB_ROUNDS:-3}"); do
+      for who in minisgl upstream; do
+        peer=(); [ $who = upstream ] && peer=(--peer .peer/python)
+        run "serving_ab_${who}_$r" python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-0.6b.json \
+          --concurrency 64 --num-requests 256 --input-len 512 --output-len 256 --no-hf-baseline --client-procs 4 "${peer[@]}"
+      done
+    done
   fi
   if has structured; then  # ch17: mask fill and apply on the GPU, constrained vs free requests under graphs + overlap
     run bench_structured python3 benchmarks/bench_structured.py --device cuda --tables fill apply e2e \
