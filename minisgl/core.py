@@ -264,6 +264,11 @@ def get_global_ctx() -> Context:
     return _CTX
 
 
+def current_ctx() -> Context | None:
+    """装着的 Context，没有时是 None（不抛异常）：引擎关闭时用它判断装着的是不是自己的。"""
+    return _CTX
+
+
 @contextmanager
 def use_ctx(ctx: Context) -> Iterator[Context]:
     """测试和笔记本里用：装上 ctx，退出时恢复原来的那个。"""

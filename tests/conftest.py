@@ -363,3 +363,37 @@ def check_retraction(path, page_size: int, max_examples: int, overlaps=(False,),
         assert rig.retracted > 0, "the scenarios never ran the pool dry"
     finally:
         rig.close()
+
+
+def check_failed_step_recovers(path, overlap: bool = False) -> None:
+    """一步算到半路抛了异常（第 3 次前向，模拟显存不够）：generate 原样抛出它，请求槽、页、收结果的字典全部回来；
+    同一个 LLM 接着生成的 token 与新建的一样。overlap：重叠调度（第 11 章起才有这个开关）。"""
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    kw = dict(device="cpu", page_size=4, num_pages=256, max_running_req=4, max_seq_len_override=128,
+              **({"enable_overlap": True} if overlap else {}))
+    prompts = [list(range(10 + i, 30 + i)) for i in range(6)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    llm = LLM(path, **kw)
+    forward, calls = llm.engine.model.forward, [0]
+
+    def failing(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("simulated: out of memory")
+        return forward(*args, **kwargs)
+
+    llm.engine.model.forward = failing
+    with pytest.raises(RuntimeError, match="simulated"):
+        llm.generate(prompts, params, use_tqdm=False)
+    del llm.engine.model.forward
+    assert not llm.has_work and llm.table.num_free == 4 and not llm._outputs and not llm._done
+    llm.cache.check_integrity()
+    got = llm.generate(prompts, params, use_tqdm=False)
+    llm.cache.flush()
+    assert len(llm.cache.free_pages) == 256
+    llm.shutdown()
+    fresh = LLM(path, **kw)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in fresh.generate(prompts, params, use_tqdm=False)]
+    fresh.shutdown()

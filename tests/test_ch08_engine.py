@@ -190,6 +190,19 @@ def make_reqs(params: List[SamplingParams], prompt_len: int = 3) -> List[Req]:
             for i, p in enumerate(params)]
 
 
+def test_tiny_temperature_samples_the_argmax() -> None:
+    """T 小到 1/T 把 logits 放大到 1e6 以上时，按概率抽就是取最大：小于 1e-5 的走贪心；刚到 1e-5 的（加上 min-p）
+    也抽到 argmax，而不是越出词表的编号（w 里最大的若不正好是 1，min-p 会把整行截光）。"""
+    V = 1000
+    x = torch.randn(3, V, generator=torch.Generator().manual_seed(0)) * 30  # [3, V]
+    params = [SamplingParams(temperature=1e-9), SamplingParams(temperature=1e-5),
+              SamplingParams(temperature=1e-5, min_p=0.95, seed=3)]
+    assert params[0].is_greedy and not params[1].is_greedy
+    sampler = Sampler(torch.device("cpu"), V, random_seed=0)
+    assert sampler.sample(x, sampler.prepare(make_reqs(params))).tolist() == x.argmax(-1).tolist()
+    assert torch.equal(relative_probs(x, torch.full((3,), 1e-5)).amax(-1), torch.ones(3))
+
+
 def test_each_step_costs_nothing_when_off() -> None:
     sampler = Sampler(torch.device("cpu"), vocab_size=1000, random_seed=0)
     plain = sampler.prepare(make_reqs([SamplingParams(), SamplingParams(top_k=1, temperature=0.5)]))

@@ -6,7 +6,8 @@ import signal
 import pytest
 import torch
 
-from conftest import NUM_REQUESTS, check_batched, check_retraction, collecting_scheduler, mixed_workload
+from conftest import (NUM_REQUESTS, check_batched, check_failed_step_recovers, check_retraction, collecting_scheduler,
+                      mixed_workload)
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg, BatchBackendMsg, UserMsg
@@ -229,3 +230,26 @@ def test_ctrl_c_lands_between_steps(tiny_qwen3) -> None:
     assert [o["token_ids"] for o in got] == [o["token_ids"] for o in fresh.generate(prompts[:2], params, use_tqdm=False)]
     assert [o["cached_tokens"] for o in got] == [16, 16]  # 被打断的那次 prefill 算好的整页还在前缀缓存里
     fresh.shutdown()
+
+
+def test_a_failed_step_gives_everything_back(tiny_qwen3) -> None:
+    """第 3 次前向抛了异常（模拟显存不够）：异常原样抛出，资源全部回来，这个 LLM 还能接着用（conftest 的检查）。"""
+    check_failed_step_recovers(tiny_qwen3)
+
+
+def test_two_llms_in_one_process(tiny_qwen3) -> None:
+    """一个进程里先后建两个 LLM、交替生成：每个前向装上自己引擎的 Context，结果与各自单独运行相同；关掉一个，
+    另一个照常。logit_bias 里词表外的编号在提交前就报 ValueError。"""
+    prompts, params = [[5, 6, 7, 8], [9, 10, 11]], SamplingParams(max_tokens=6, ignore_eos=True)
+    a = LLM(tiny_qwen3, device="cpu", num_pages=128, max_seq_len_override=64)
+    b = LLM(tiny_qwen3, device="cpu", page_size=4, num_pages=64, max_seq_len_override=64)
+    want = [o["token_ids"] for o in a.generate(prompts, params, use_tqdm=False)]
+    for llm in (b, a, b):
+        assert [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    b.shutdown()
+    assert [o["token_ids"] for o in a.generate(prompts, params, use_tqdm=False)] == want
+    V = a.engine.model_config.vocab_size
+    with pytest.raises(ValueError, match="logit_bias"):
+        a.generate(prompts, SamplingParams(max_tokens=4, logit_bias={str(V + 5): 5.0}), use_tqdm=False)
+    assert not a.has_work and not a._outputs
+    a.shutdown()

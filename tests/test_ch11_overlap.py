@@ -10,8 +10,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import pytest
 import torch
 
-from conftest import (NUM_REQUESTS, RetractionRig, check_batched, check_retraction, collecting_scheduler,
-                      generate_alone, mixed_workload)
+from conftest import (NUM_REQUESTS, RetractionRig, check_batched, check_failed_step_recovers, check_retraction,
+                      collecting_scheduler, generate_alone, mixed_workload)
 from minisgl.core import SamplingParams
 from minisgl.message import UserMsg
 from minisgl.scheduler import SchedulerConfig
@@ -114,6 +114,12 @@ def test_retraction_with_overlap(tiny_qwen3, page_size: int) -> None:
     """反复撤回的性质测试（第 9 章的 RetractionRig），重叠开和关、分块和不分块都混在里面：被撤回的请求可能正在
     飞行中的那一步里，可能在分块，可能被中止、碰到停止 token 或"停止词"。"""
     check_retraction(tiny_qwen3, page_size, max_examples=6, overlaps=(False, True), budgets=(8, 8192))
+
+
+def test_a_failed_step_recovers_with_overlap(tiny_qwen3) -> None:
+    """重叠开时一步算到半路抛了异常：飞行中的那一步不会再有结果，forget_in_flight 把它和等着它的延迟释放收拾掉，
+    资源全部回来，这个 LLM 还能接着用（第 9 章 conftest 的检查）。"""
+    check_failed_step_recovers(tiny_qwen3, overlap=True)
 
 
 def test_abort_a_retracted_request(tiny_qwen3) -> None:

@@ -161,13 +161,33 @@ def test_stop_strings_random(tokenizers: Dict[str, Any], name: str) -> None:
         for _ in range(rng.randint(1, 3)):
             i = rng.randrange(len(one_shot))
             stops.append(one_shot[i : i + rng.randint(1, 6)] if rng.random() < 0.7 else rng.choice(["zz", "🚀🚀", "。。"]))
-        hits = [i for s in stops if (i := one_shot.find(s)) >= 0]
+        # 参照：生成在第一个"某个 stop 字符串已经完整出现"的 token 上停下，文字截在那时出现的 stop 里最靠前的一个前面
+        # （两个 stop 字符串交叠时，后开始、先写完的那个赢：生成不会为了等另一个写完而继续）
+        hits: List[int] = []
+        for n in range(1, len(ids) + 1):
+            prefix = tok.decode(ids[:n], skip_special_tokens=True)
+            if hits := [i for s in stops if (i := prefix.find(s)) >= 0]:
+                break
         d = DetokenizeManager(tok)
         d.add_request(0, stop=stops)
         replies = feed(d, ids)
-        want = one_shot[: min(hits)] if hits else one_shot
+        want = prefix[: min(hits)] if hits else one_shot
         assert text_of(replies) == want, f"seed {seed}: stops {stops}"
         assert replies[-1].finish_reason == ("stop" if hits else "length")
+
+
+def test_a_complete_stop_wins_over_a_partial_one(tokenizers: Dict[str, Any]) -> None:
+    """一个 stop 字符串已经完整出现时，另一个从它前面开始、还没写完的 stop 字符串不能把它扣住：文字截在完整的
+    那个前面，在它出现的那个 token 上就结束。"""
+    tok = tokenizers["qwen3"]
+    ids = tok.encode(" Paris.\n\nThe answer is", add_special_tokens=False)
+    n = next(i for i in range(1, len(ids) + 1) if "ris" in tok.decode(ids[:i]))  # "ris" 在第 n 个 token 上出现
+    for stops in (["ris"], ["ris", " Paris.\n\nThe"], ["ris", " Paris.XYZ"], [" Paris.\n\nThe", "ris"]):
+        d = DetokenizeManager(tok)
+        d.add_request(0, stop=stops)
+        replies = feed(d, ids)
+        assert text_of(replies) == " Pa" and replies[-1].finish_reason == "stop", stops
+        assert len(replies) == n, stops  # 一个 token 一条回复：第 n 个 token 就停了
 
 
 def test_finish_reasons_and_usage(tokenizers: Dict[str, Any]) -> None:

@@ -228,6 +228,8 @@ BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误�
     ("/v1/completions", {"prompt": "word " * 300}, "prompt"),  # 比上下文（256）长
     ("/v1/completions", {"prompt": "word " * 300, "stream": True}, "prompt"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 300}]}, "messages"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 17}, "stop"),  # 每个 token 都要找一遍的 stop 字符串：有上限
+    ("/v1/responses", {"input": [{"role": "user", "content": ["hi"]}]}, "input"),  # 内容片段不是对象
     ("/generate", {"prompt": ""}, "prompt"),
 ]
 

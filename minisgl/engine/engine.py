@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from minisgl.attention import create_attention_backend
-from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.core import Batch, Context, current_ctx, set_global_ctx, use_ctx
 from minisgl.distributed import get_tp_info, init_distributed, kv_head_range, set_tp_info
 from minisgl.kvcache import MHAKVCache
 from minisgl.models import ModelConfig, create_model, init_dummy_weight, load_weight
@@ -97,7 +97,7 @@ class Engine:
     def forward(self, batch: Batch) -> torch.Tensor:
         """只提交前向（GPU 上立刻返回），每个请求 complete_one()。返回 [B, V] 的 logits：CUDA Graph 的静态缓冲区
         的视图，在下一次前向之前采样（附录：结构化输出在这两步之间填掩码）。"""
-        with self.ctx.forward_batch(batch):
+        with use_ctx(self.ctx), self.ctx.forward_batch(batch):  # 装上自己的 Context：进程里可以有几个引擎
             if self.graph_runner.can_use(batch):
                 logits = self.graph_runner.replay(batch)  # [padded B, V]
             else:
@@ -120,7 +120,8 @@ class Engine:
         return ForwardOutput(next_tokens, host, event, logprobs)
 
     def shutdown(self) -> None:
-        set_global_ctx(None)
+        if current_ctx() is self.ctx:  # 同一个进程里可以有几个引擎：只摘下自己的
+            set_global_ctx(None)
         if get_tp_info().size > 1:
             torch.distributed.destroy_process_group()
 

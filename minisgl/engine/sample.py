@@ -20,7 +20,9 @@ def relative_probs(x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """x: [G, V] float32 logits → exp((x − max) / T)：没归一化的概率，每行最大的是 1。"""
     m = x.max(dim=-1, keepdim=True).values  # [G, 1]
     inv_t = temperature.reciprocal()[:, None]  # [G, 1]
-    return torch.addcmul(-m * inv_t, x, inv_t).exp_()  # [G, V]：(x − max)/T 一次算完，再原地 exp
+    # 先减最大值再乘 1/T：最大的那个正好是 exp(0) = 1。写成一个 addcmul(−max/T + x/T) 会让最大的那个带上
+    # x/T 的舍入误差（T 小时是 e^±0.1 以上），min-p 按"最大的是 1"截断，整行都可能被截光
+    return (x - m).mul_(inv_t).exp_()  # [G, V]
 
 
 def top_k_top_p_candidates(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -84,7 +86,8 @@ def sample_inverse_cdf(w: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """
     cdf = w.cumsum(dim=-1)  # [G, K]：单调不减
     target = uniform[:, None] * cdf[:, -1:]  # [G, 1]：u ≤ 1 − 2^-23，所以 target < 总和
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)  # 第一个 cdf > target 的词：宽度 0 的选不到
+    picked = torch.searchsorted(cdf, target, right=True).squeeze(1)  # 第一个 cdf > target 的词：宽度 0 的选不到
+    return picked.clamp_(max=w.shape[1] - 1)  # logits 里有 NaN（模型出了问题）的行也不越界：服务不为一个请求倒下
 
 
 def apply_penalties(x: torch.Tensor, pen: Penalties) -> None:

@@ -78,7 +78,7 @@ class LLM(Scheduler):
             [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
-        encoded = [self._prompt_ids(p) for p in prompts]  # 先全部检查：有一个不合格，就一个也不交给调度器
+        encoded = [self._prompt_ids(p, sp) for p, sp in zip(prompts, params)]  # 先全部检查：有一个不合格，就一个也不交
         uids = list(range(self._next_uid, self._next_uid + len(encoded)))
         self._next_uid += len(encoded)
         for uid, ids, sp in zip(uids, encoded, params):
@@ -86,21 +86,27 @@ class LLM(Scheduler):
             self.receive_msg(UserMsg(uid, torch.tensor(ids, dtype=torch.int32), sp))
         bar = tqdm(total=len(uids), desc="generate", disable=not use_tqdm)
         with torch.inference_mode(), sigint_between_steps() as interrupted:
-            while any(u not in self._done for u in uids) and not interrupted[0]:
-                before = len(self._done)
-                if not self.run_step():
-                    raise RuntimeError("the scheduler stopped with requests unfinished")  # 不应发生：防止死循环
-                bar.update(len(self._done) - before)
-            if interrupted[0]:  # 还没结束的都中止（已经结束的什么也不做）：槽和页在下面的几步里回来
+            try:
+                while any(u not in self._done for u in uids) and not interrupted[0]:
+                    before = len(self._done)
+                    if not self.run_step():
+                        raise RuntimeError("the scheduler stopped with requests unfinished")  # 不应发生：防止死循环
+                    bar.update(len(self._done) - before)
+                if interrupted[0]:  # 还没结束的都中止（已经结束的什么也不做）：槽和页在下面的几步里回来
+                    for uid in uids:
+                        self.abort_request(uid)
+                while self.run_step():  # 重叠时最后一步的结果还在飞行中：把它处理完，资源才会释放
+                    pass
+            except BaseException:  # 一步算到半路抛了异常（显存不够、bug）：这次的请求全部中止、资源收回，再原样抛出
+                self.forget_in_flight()
                 for uid in uids:
                     self.abort_request(uid)
-            while self.run_step():  # 重叠时最后一步的结果还在飞行中：把它处理完，资源才会释放
-                pass
-        bar.close()
+                self._drop(uids)
+                raise
+            finally:
+                bar.close()
         if interrupted[0]:
-            for uid in uids:
-                for outputs in (self._outputs, self._done, self._cached, self._logprobs, self._top):
-                    outputs.pop(uid, None)
+            self._drop(uids)
             raise KeyboardInterrupt
         results = []
         for uid in uids:
@@ -114,7 +120,13 @@ class LLM(Scheduler):
             results.append(out)
         return results
 
-    def _prompt_ids(self, prompt: Prompt) -> List[int]:
+    def _drop(self, uids: List[int]) -> None:
+        """这次调用的结果不要了（Ctrl-C、出错）：收结果的几个字典里不留它们。"""
+        for uid in uids:
+            for outputs in (self._outputs, self._done, self._cached, self._logprobs, self._top):
+                outputs.pop(uid, None)
+
+    def _prompt_ids(self, prompt: Prompt, sp: SamplingParams) -> List[int]:
         """用户能改的东西在接口处检查，抛 ValueError 并说该调哪个参数，而不是让引擎在半路出错。"""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
@@ -125,4 +137,7 @@ class LLM(Scheduler):
         V = self.engine.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= V:
             raise ValueError(f"a prompt has token ids outside the vocabulary 0..{V - 1}")
+        bias_ids, _ = sp.logit_bias_ids
+        if bias_ids and max(bias_ids) >= V:  # 键是十进制数字串，不会是负数
+            raise ValueError(f"logit_bias has token ids outside the vocabulary 0..{V - 1}")
         return ids

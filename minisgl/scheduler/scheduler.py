@@ -118,6 +118,14 @@ class Scheduler(SchedulerIOMixin):
             sp = replace(sp, max_tokens=left)
         self.prefill.add(PendingReq(msg.uid, msg.input_ids, sp))
 
+    def forget_in_flight(self) -> None:
+        """一步算到半路抛了异常（显存不够、bug）之后调用：飞行中的那一步不会再有结果了，等着它的延迟释放现在就做。
+        调用方随后中止自己的请求（LLM.generate）。"""
+        self._last, self._in_flight = None, set()
+        for req in self._deferred.values():
+            self._release(req)
+        self._deferred.clear()
+
     def abort_request(self, uid: int) -> None:
         """在任何状态下中止一个请求：排队中（包括被撤回的）、分块预填充中、decode 中、在飞行中的那一步里。
         资源只释放一次。"""

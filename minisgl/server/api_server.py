@@ -715,8 +715,8 @@ class ResponsesRequest(_OpenAIRequest):
             if item.get("type", "message") != "message" or role not in ("system", "developer", "user", "assistant"):
                 raise APIError(400, f"input items must be text messages, got {json.dumps(item)[:80]}", param="input")
             if isinstance(content, list):
-                if not all(p.get("type") in ("input_text", "output_text") and isinstance(p.get("text"), str)
-                           for p in content):
+                if not all(isinstance(p, dict) and p.get("type") in ("input_text", "output_text")
+                           and isinstance(p.get("text"), str) for p in content):
                     raise APIError(400, "only input_text content parts are supported", param="input")
                 content = "".join(p["text"] for p in content)
             if not isinstance(content, str):

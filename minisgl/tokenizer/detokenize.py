@@ -142,7 +142,8 @@ def _take(s: DecodeState, final: bool) -> Tuple[str, bool]:
     hits = [i for stop in s.stop if (i := tail.find(stop)) >= 0]
     hit_at = min(hits) if hits else None  # 最靠前的一个完整的 stop 字符串
     end = len(tail) if hit_at is None else hit_at
-    if not final:  # 从 end 之前某处开始、到结尾还没写完的 stop 字符串：从那里起扣着，等下一个 token 再看
+    if not final and hit_at is None:  # 从 end 之前某处开始、到结尾还没写完的 stop 字符串：从那里起扣着，等下一个 token
+        # 再看。已经有一个完整出现时不看：生成在这里就结束，别的 stop 字符串再也写不完
         longest = max((len(stop) for stop in s.stop), default=0)
         for p in range(max(0, len(tail) - longest + 1), end):
             if any(stop.startswith(tail[p:]) for stop in s.stop):
