@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -206,6 +207,47 @@ def test_disconnect_storm_frees_everything(server) -> None:
     m = metrics(port)
     assert r.usage.completion_tokens == 2 and m['minisgl_request_latency_seconds_bucket{le="+Inf"}'] == done + 1
     assert m["minisgl_generation_tokens_total"] >= 2
+
+def test_a_client_that_leaves_while_queued_is_aborted_at_once(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """--max-running-requests 1：一个长请求占着唯一的槽，后面 4 个（流式和非流式）排着队时客户端就走了。它们在
+    排队时就被中止——长请求还在跑，队列已经空了——而不是等到被接纳、算完 prefill；日志里没有 traceback。"""
+    proc, port = start_server(tiny_qwen3, tmp_path / "server.log", "--max-running-requests", "1",
+                              "--max-seq-len-override", "4096", "--num-pages", "8192")
+    try:
+        client(port).completions.create(model="m", prompt="warm up", max_tokens=2)
+        aborted = 'minisgl_requests_finished_total{reason="abort"}'
+        before = metrics(port).get(aborted, 0)
+
+        async def leave(i: int) -> None:  # 请求发出去，0.5 秒后客户端走了（它还在排队）
+            body = {"model": "m", "prompt": f"queued {i}", "max_tokens": 8, "stream": i % 2 == 0}
+            async with httpx.AsyncClient() as h:
+                with contextlib.suppress(httpx.TimeoutException):
+                    await h.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=0.5)
+
+        async def scenario() -> Dict[str, float]:
+            async with httpx.AsyncClient(timeout=60) as h:  # 占着槽的长请求：几千个 token，要跑好几秒
+                body = {"model": "m", "prompt": "long", "stream": True, "ignore_eos": True, "max_tokens": 4000}
+                async with h.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+                    lines = r.aiter_lines()  # 留着它：生成器被回收时 httpx 会关掉这个流
+                    await lines.__anext__()  # 它已经在跑了
+                    await asyncio.gather(*(leave(i) for i in range(4)))
+                    deadline = time.time() + 5
+                    while (m := metrics(port))["minisgl_num_waiting_requests"] or m.get(aborted, 0) < before + 4:
+                        assert time.time() < deadline, f"the queued requests were not aborted: {m}"
+                        await asyncio.sleep(0.1)
+                    await lines.aclose()
+                    return m  # 然后这个客户端也走了：长请求被中止
+
+        m = asyncio.run(scenario())
+        assert m["minisgl_num_running_requests"] == 1 and m[aborted] == before + 4  # 长请求还在跑
+        deadline = time.time() + 30
+        while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
+            assert time.time() < deadline, m
+            time.sleep(0.3)
+        assert m[aborted] == before + 5
+        assert "Traceback" not in (tmp_path / "server.log").read_text()
+    finally:
+        stop_server(proc)
 
 
 BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误里的 param)

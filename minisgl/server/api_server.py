@@ -182,18 +182,30 @@ class FrontendManager:
                     out[i].append(ack)
             return out
 
-        task = asyncio.create_task(collect())
+        return await self.until_disconnected(collect(), uids, request, counted=True)
+
+    async def until_disconnected(self, work: Awaitable[T], uids: List[int], request: Request,
+                                 counted: bool = False) -> T:
+        """等 work 做完；其间每 0.1 秒看一次客户端还在不在。断开了就中止这些请求（还在排队、一条回复也没有的
+        也一样：不然它们要等到被接纳、算完 prefill 才被发现），抛 ClientGone。counted：work 在 wait_for_replies
+        里，它的 finally 已经把这些请求记作 abort；否则在这里记。"""
+        task = asyncio.ensure_future(work)
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.1)
                 if done:
                     return task.result()
                 if await request.is_disconnected():
-                    raise asyncio.CancelledError
-        except asyncio.CancelledError:
+                    break
+        except asyncio.CancelledError:  # 服务在关闭：一样收拾，再往外抛
             task.cancel()
             asyncio.create_task(self.abort_users(uids))
             raise
+        task.cancel()
+        if not counted:
+            self.metrics.finished["abort"] = self.metrics.finished.get("abort", 0) + len(uids)
+        asyncio.create_task(self.abort_users(uids))
+        raise ClientGone
 
     async def abort_users(self, uids: List[int]) -> None:
         for uid in uids:
@@ -499,6 +511,10 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
             "usage": _usage([g[-1] for g in groups], shape.n)}
 
 
+class ClientGone(Exception):
+    """客户端在回复之前断开了：请求已经中止，没有人再收回复（app 回一个 499，不打印 traceback）。"""
+
+
 class APIError(Exception):
     """回给客户端的错误，OpenAI 的格式：{"error": {"message", "type", "param", "code"}}。"""
 
@@ -517,6 +533,10 @@ app = FastAPI(title="minisgl")
 @app.exception_handler(APIError)
 async def _api_error(request: Request, e: APIError) -> JSONResponse:
     return e.response()
+
+@app.exception_handler(ClientGone)
+async def _client_gone(request: Request, e: ClientGone) -> Response:
+    return Response(status_code=499)  # nginx 的"客户端关闭了连接"：没有人收，只为日志里少一段 traceback
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -655,7 +675,7 @@ async def generate(req: GenerateRequest, request: Request):
     state = get_state()
     uids = state.new_users()
     await state.send_one(TokenizeMsg(uid=uids[0], text=req.prompt, sampling_params=sp))
-    await state.first_replies(uids, param="prompt")
+    await state.until_disconnected(state.first_replies(uids, param="prompt"), uids, request)
 
     async def pieces() -> AsyncIterator[bytes]:
         async for replies in state.wait_for_replies(uids):
@@ -755,7 +775,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
     uids = state.new_users()
     await state.send_one(TokenizeMsg(uid=uids[0], text=req.messages(), sampling_params=sp))
-    await state.first_replies(uids, param="input")
+    await state.until_disconnected(state.first_replies(uids, param="input"), uids, request)
     rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
     if not req.stream:
         replies = (await state.collect_with_cancellation(uids, request))[0]
