@@ -2,6 +2,7 @@
 """第 13 章：对话模板；增量反分词与一次性解码相同（性质测试）；stop 字符串；中止的路由；ZMQ 上的分词进程。"""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import random
 import tempfile
@@ -266,6 +267,11 @@ def test_logprobs_follow_the_text(tokenizers: Dict[str, Any], name: str) -> None
         assert all(e["top_logprobs"][0]["logprob"] == e["logprob"] and e["top_logprobs"][1]["logprob"] == -9999.0
                    for e in entries)
         assert replies[-1].cached_tokens == 7 and all(r.cached_tokens == 0 for r in replies[:-1])
+        offsets = [e["text_offset"] for e in entries]  # 字符位置，不是 token 显示成的字符串的长度之和
+        assert offsets == sorted(offsets) and all(0 <= o <= len(one_shot) for o in offsets), f"seed {seed}"
+        for e, o in zip(entries, offsets):
+            with contextlib.suppress(UnicodeDecodeError):  # 半个字符的 token 没有自己的文字
+                assert one_shot.startswith(bytes(e["bytes"]).decode(), o), f"seed {seed}: {e['token']!r} at {o}"
 
 
 def test_logprob_entries_in_openai_shape(tokenizers: Dict[str, Any]) -> None:
@@ -274,8 +280,9 @@ def test_logprob_entries_in_openai_shape(tokenizers: Dict[str, Any]) -> None:
     replies = feed_with_logprobs(DetokenizeManager(tok), ids)
     assert [len(r.logprobs) for r in replies] == [0] * (len(ids) - 1) + [len(ids)]  # 和字一起到
     first = replies[-1].logprobs[0]
-    assert set(first) == {"token", "bytes", "logprob", "top_logprobs"} and first["token"].startswith("\\x")
+    assert set(first) == {"token", "bytes", "logprob", "top_logprobs", "text_offset"} and first["token"].startswith("\\x")
     assert bytes(sum((e["bytes"] for e in replies[-1].logprobs), [])).decode() == "鸭"
+    assert [e["text_offset"] for e in replies[-1].logprobs] == [0] * len(ids)  # 三个 token 都指向这一个字
     assert feed(DetokenizeManager(tok), ids)[-1].logprobs is None  # 没要 logprobs
 
 

@@ -339,6 +339,8 @@ def test_logprobs_equal_transformers(server, tiny_qwen3: Path) -> None:
         best = hf_lp[step].topk(3)
         assert len(top) == 3 and sorted(top.values(), reverse=True) == pytest.approx(best.values.tolist(), abs=1e-4)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    text = r.choices[0].text  # 每个完整的 token 的文字都从它的 text_offset 开始（半个字符的 token 显示成 '\\x..'）
+    assert all(text.startswith(t, o) for t, o in zip(lp.tokens, lp.text_offset) if "\\x" not in t), lp
     chunks = [ch for ch in c.completions.create(prompt=prompt, logprobs=3, stream=True, **kw) if ch.choices]
     assert sum((ch.choices[0].logprobs.token_logprobs for ch in chunks if ch.choices[0].logprobs), []) == \
         pytest.approx(lp.token_logprobs, abs=1e-4)

@@ -427,20 +427,21 @@ def _chat_logprobs(entries: List[Dict[str, Any]] | None, top: int) -> Dict[str, 
     """detokenizer 给的每一项已经是对话接口的形状；top_logprobs 截到这个请求要的个数。"""
     if entries is None:
         return None
-    return {"content": [{**e, "top_logprobs": e["top_logprobs"][:top]} for e in entries], "refusal": None}
+    return {"content": [{"token": e["token"], "bytes": e["bytes"], "logprob": e["logprob"],
+                         "top_logprobs": e["top_logprobs"][:top]} for e in entries], "refusal": None}
 
 def _completion_logprobs(entries: List[Dict[str, Any]] | None, top: int, offset: int) -> Dict[str, Any] | None:
     """补全接口的老形状：四个并列的列表。top_logprobs 是 {token: logprob}，按 OpenAI 的说明也含选中的 token；
-    text_offset 从 offset 起按 token 的文字长度累加（和 vLLM 一样）。"""
+    text_offset 是 detokenizer 给的字符位置（加上 offset：echo 时前面的提示词）——不是把 token 显示成的字符串的长度
+    累加起来：半个汉字的 token 显示成 '\\xe4' 这样的四个字符，累加出来的位置会越过文字的末尾。"""
     if entries is None:
         return None
     out: Dict[str, List[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
         top_map = {t["token"]: t["logprob"] for t in e["top_logprobs"][:top]}
         top_map.setdefault(e["token"], e["logprob"])
-        for key, value in zip(out, (e["token"], e["logprob"], top_map, offset)):
+        for key, value in zip(out, (e["token"], e["logprob"], top_map, offset + e["text_offset"])):
             out[key].append(value)
-        offset += len(e["token"])
     return out
 
 @dataclass
@@ -479,7 +480,6 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
                     else:
                         frames.append(chunk(i, {"text": ack.incremental_output},
                                             _completion_logprobs(ack.logprobs, shape.top, offsets[i])))
-                        offsets[i] += sum(len(e["token"]) for e in ack.logprobs or [])
                 if ack.finished:
                     finals[i] = ack
                     frames.append(chunk(i, {"delta": {}} if shape.chat else {"text": ""}, finish=ack.finish_reason))

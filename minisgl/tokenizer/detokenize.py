@@ -154,7 +154,8 @@ def _take(s: DecodeState, final: bool) -> Tuple[str, bool]:
 
 
 def _take_logprobs(s: DecodeState, finished: bool, hit: bool) -> List[Dict[str, Any]] | None:
-    """和这一段文字一起发出的 token 的对数概率：文字已经全部发出的 token；结束时再加上文字发出了一部分的。"""
+    """和这一段文字一起发出的 token 的对数概率：文字已经全部发出的 token；结束时再加上文字发出了一部分的。
+    每一项加上 text_offset：这个 token 的文字在输出里从第几个字符开始（几个 token 拼成一个字符时，都指向它）。"""
     if s.logprobs is None:
         return None
     first = end = s.logprobs_sent
@@ -164,7 +165,8 @@ def _take_logprobs(s: DecodeState, finished: bool, hit: bool) -> List[Dict[str, 
         while end < len(s.spans) and (s.spans[end][1] <= s.sent or (finished and s.spans[end][0] < s.sent)):
             end += 1
     s.logprobs_sent = end
-    return s.logprobs[first:end]
+    return [{**e, "text_offset": s.spans[i][0] if i < len(s.spans) else s.sent}
+            for i, e in zip(range(first, end), s.logprobs[first:end])]
 
 
 def _byte_level_alphabet() -> Dict[str, int]:
