@@ -156,7 +156,7 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
             async for chunk in stream:
                 if ttft is None and chunk.choices:
                     ttft = time.perf_counter() - t0
-                if getattr(chunk, "usage", None) is not None:
+                if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
             if on_done is not None:
                 on_done()
@@ -407,13 +407,12 @@ def main() -> None:
     from minisgl.utils.hf import resolve_model_path
 
     tmp = None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_peer, bench_offline
     if args.peer is not None:  # a config and Qwen3's tokenizer: upstream makes the dummy weights itself
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_peer import model_dir
 
         model = str(model_dir(args.peer.resolve().parent / args.random_config.stem, args.random_config))
     elif args.random_config:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_offline import random_checkpoint
 
         model = str(random_checkpoint(args.random_config))

@@ -95,9 +95,13 @@ class FrontendManager:
     async def first_replies(self, uids: List[int], param: str) -> None:
         """等每个请求的第一条回复（不取走）：被拒绝或后端挂了时，HTTP 状态码还没发出去，来得及回一个错误。"""
         event = self.event_map[uids[0]]
-        while not all(self.ack_map[uid] for uid in uids):
-            await event.wait()
-            event.clear()
+        try:
+            while not all(self.ack_map[uid] for uid in uids):
+                await event.wait()
+                event.clear()
+        except asyncio.CancelledError:  # 客户端在第一条回复之前就走了（until_disconnected 取消了它）
+            self.metrics.left(len(uids))
+            raise
         firsts = [self.ack_map[uid][0] for uid in uids]
         refused = [r for r in firsts if r.finished and r.finish_reason in ("abort", "error") and not r.completion_tokens]
         if not refused:
@@ -137,7 +141,7 @@ class FrontendManager:
                     event.clear()  # 先清再取（下一轮）：清之后到的回复会再 set，不会漏
         finally:
             if running:  # 没等到结束就走了（客户端断开、shell 里的 Ctrl-C）：后端会中止它们，/metrics 记作 abort
-                self.metrics.finished["abort"] = self.metrics.finished.get("abort", 0) + len(running)
+                self.metrics.left(len(running))
             for uid in uids:
                 self._forget(uid)
 
@@ -182,30 +186,21 @@ class FrontendManager:
                     out[i].append(ack)
             return out
 
-        return await self.until_disconnected(collect(), uids, request, counted=True)
+        return await self.until_disconnected(collect(), uids, request)
 
-    async def until_disconnected(self, work: Awaitable[T], uids: List[int], request: Request,
-                                 counted: bool = False) -> T:
-        """等 work 做完；其间每 0.1 秒看一次客户端还在不在。断开了就中止这些请求（还在排队、一条回复也没有的
-        也一样：不然它们要等到被接纳、算完 prefill 才被发现），抛 ClientGone。counted：work 在 wait_for_replies
-        里，它的 finally 已经把这些请求记作 abort；否则在这里记。"""
+    async def until_disconnected(self, work: Awaitable[T], uids: List[int], request: Request) -> T:
+        """等 work（first_replies 或者收集回复）做完；其间每 0.1 秒看一次客户端还在不在。断开了就中止这些请求
+        （还在排队、一条回复也没有的也一样：不然它们要等到被接纳、算完 prefill 才被发现），抛 ClientGone。"""
         task = asyncio.ensure_future(work)
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.1)
-                if done:
-                    return task.result()
+            while not (await asyncio.wait({task}, timeout=0.1))[0]:
                 if await request.is_disconnected():
-                    break
-        except asyncio.CancelledError:  # 服务在关闭：一样收拾，再往外抛
-            task.cancel()
+                    raise ClientGone
+            return task.result()
+        except (ClientGone, asyncio.CancelledError):  # 客户端走了，或者服务在关闭：中止这些请求，再往外抛
+            task.cancel()  # 被取消的 first_replies / wait_for_replies 把还没结束的请求记作 abort
             asyncio.create_task(self.abort_users(uids))
             raise
-        task.cancel()
-        if not counted:
-            self.metrics.finished["abort"] = self.metrics.finished.get("abort", 0) + len(uids)
-        asyncio.create_task(self.abort_users(uids))
-        raise ClientGone
 
     async def abort_users(self, uids: List[int]) -> None:
         for uid in uids:
@@ -839,6 +834,10 @@ class Metrics:
         """收到过调度器的统计了吗：KV 池至少有一页，真实的统计里三类页之和总是正的。"""
         s = self.stats
         return s.pages_used + s.pages_cached + s.pages_free > 0
+
+    def left(self, n: int) -> None:
+        """n 个请求的客户端没等到结束就走了：记作 abort（没有 token 数，也不进延迟直方图）。"""
+        self.finished["abort"] = self.finished.get("abort", 0) + n
 
     def observe(self, reply: UserReply, seconds: float) -> None:
         reason = reply.finish_reason or "stop"

@@ -147,7 +147,7 @@ def _take(s: DecodeState, final: bool) -> Tuple[str, bool]:
         longest = max((len(stop) for stop in s.stop), default=0)
         for p in range(max(0, len(tail) - longest + 1), end):
             if any(stop.startswith(tail[p:]) for stop in s.stop):
-                end, hit_at = p, None
+                end = p
                 break
     s.sent += end
     return tail[:end], hit_at is not None
