@@ -203,6 +203,73 @@ def test_tiny_temperature_samples_the_argmax() -> None:
     assert torch.equal(relative_probs(x, torch.full((3,), 1e-5)).amax(-1), torch.ones(3))
 
 
+def race_reference(row: torch.Tensor, T: float, k: int, p: float, min_p: float) -> torch.Tensor:
+    """一行 logits 在 (T, top-k, top-p, min-p) 下的分布：整行排序，按定义截断（逐行的参照，不用本章的函数）。"""
+    w = torch.exp((row.float() - row.float().max()) / T)
+    order = w.argsort(descending=True)
+    ws = w[order]
+    keep = (torch.arange(len(ws)) < k) & (ws.cumsum(0) - ws <= p * ws.sum()) & (ws >= min_p)
+    q = torch.zeros_like(w)
+    q[order[keep]] = ws[keep]
+    return q / q.sum()
+
+
+def run_race_cases() -> None:
+    """在 TRITON_INTERPRET=1 的子进程里运行（这个变量要在 Triton 第一次被导入之前设好）：race_sample 逐行执行。"""
+    from minisgl.engine.sample import keep_top_k
+    from minisgl.kernel import race_sample
+
+    V, n = 64, 400
+    row = torch.randn(V, generator=torch.Generator().manual_seed(0)) * 2
+
+    def race(x: torch.Tensor, keys: torch.Tensor, T: float, k: int, p: float, min_p: float) -> torch.Tensor:
+        full = lambda v, dtype: torch.full((len(x),), v, dtype=dtype)  # noqa: E731
+        return race_sample(x, keys, full(T, torch.float32), full(k, torch.int64), full(p, torch.float32),
+                           full(min_p, torch.float32) if min_p else None).long()
+
+    keys = torch.arange(n, dtype=torch.int64) * 7919 + 1
+    for T, k, p, min_p in ((1.0, V, 1.0, 0.0), (0.7, V, 0.95, 0.0), (1.0, 5, 1.0, 0.0), (1.5, V, 1.0, 0.2)):
+        got = race(row.expand(n, V).contiguous(), keys, T, k, p, min_p)
+        want = race_reference(row, T, k, p, min_p)
+        assert bool((want[got] > 0).all()), f"{(T, k, p, min_p)}: a token outside the kept set"
+        freq = torch.bincount(got, minlength=V) / n
+        assert (freq - want).abs().max() < 0.08, f"{(T, k, p, min_p)}: {(freq - want).abs().max():.3f}"
+    # top-k 和 top-p 都开：keep_top_k 先截 top-k，kernel 在剩下的词上做 top-p（按前 k 名重新归一化的概率）
+    x = keep_top_k(row.expand(n, V).contiguous(), torch.full((n,), 8), 8)
+    got = race(x, keys, 1.0, 8, 0.6, 0.0)
+    top8 = torch.full((V,), -torch.inf).scatter(0, row.topk(8).indices, row.topk(8).values)
+    assert bool((race_reference(top8, 1.0, V, 0.6, 0.0)[got] > 0).all())
+    # 一行的结果只由它的 logits 和种子决定：单独抽、混在一批里抽（bf16 也一样），同一个词
+    rows = torch.randn(6, V, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ks = torch.tensor([5, 17, 29, 31, 37, 41], dtype=torch.int64)
+    batch = race(rows, ks, 0.8, V, 0.9, 0.0)
+    assert batch.tolist() == [race(rows[i:i + 1], ks[i:i + 1], 0.8, V, 0.9, 0.0).item() for i in range(6)]
+    # 坏行：NaN 的行不越界；只剩一个词的行抽到它
+    assert 0 <= race(torch.full((1, V), torch.nan), ks[:1], 1.0, 5, 0.9, 0.1).item() < V
+    one = torch.full((1, V), -torch.inf)
+    one[0, 7] = 0.0
+    assert race(one, ks[:1], 1.0, V, 0.5, 0.0).item() == 7
+
+
+def test_race_sample_interpreted() -> None:
+    """GPU 上带 seed 的采样 kernel，在 CPU 上用 Triton 的解释器逐行执行：采到的词都在集合里、频率与按定义算的分布
+    相符（四种组合，400 次）；top-k 加 top-p；与批无关；NaN 的行不越界。"""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import minisgl
+
+    root = Path(minisgl.__file__).resolve().parents[1]  # 这一章的树：子进程导入同一个 minisgl
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", "import test_ch08_engine as t; t.run_race_cases()"],
+                          cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_each_step_costs_nothing_when_off() -> None:
     sampler = Sampler(torch.device("cpu"), vocab_size=1000, random_seed=0)
     plain = sampler.prepare(make_reqs([SamplingParams(), SamplingParams(top_k=1, temperature=0.5)]))
@@ -476,14 +543,13 @@ def reference_probs(row: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
                                 dict(temperature=1.0, top_p=0.9, min_p=0.05)], ids=str)
 @pytest.mark.parametrize("seeded", [False, True])
 def test_gpu_sampling_keeps_the_filters_and_the_distribution(kw: Dict[str, float], seeded: bool) -> None:
-    """没带 seed 的行走 FlashInfer，带 seed 的行走逆 CDF：采到的词都在截断留下的集合里，频率与分布相符。"""
+    """没带 seed 的行走 FlashInfer，带 seed 的行走 race_sample：采到的词都在截断留下的集合里，频率与分布相符。"""
     dev, V, n = torch.device("cuda"), 1000, 8192
     row = torch.randn(V, generator=torch.Generator().manual_seed(0)) * 3
     sampler = Sampler(dev, V, random_seed=0)
     params = [SamplingParams(**kw, seed=i if seeded else None) for i in range(n)]
     args = sampler.prepare(make_reqs(params))
-    filtered = "top_p" in kw or "top_k" in kw
-    expect = "flashinfer" if not seeded and sampler._fi is not None else "candidates" if filtered else "full"
+    expect = "flashinfer" if not seeded and sampler._fi is not None else "race"
     assert [g.kind for g in args.groups] == [expect]
     tokens = sampler.sample(row.to(dev).expand(n, V).contiguous(), args).cpu()
     want = reference_probs(row, params[0])

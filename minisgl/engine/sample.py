@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from minisgl.core import Req, SamplingParams
+from minisgl.kernel import race_sample, race_sample_supported
 
 # B = 请求数，V = 词表，G = 一组采样的行数，K = 候选词数，P = 要做惩罚的行数，L = 其中最长的上下文，W = ceil(V / 32)
 
@@ -73,10 +74,15 @@ def _mix64(x: U64) -> U64:
     return x ^ (x >> 31)
 
 
+def seeded_key(seed: U64, position: U64) -> U64:
+    """(seed, 位置) → 一个 64 位整数，只由这两个整数决定，与批里还有谁无关。给两个 uint64 数组时一次算一批。"""
+    return _mix64(_mix64(seed) ^ position)
+
+
 def seeded_uniform(seed: U64, position: U64) -> float | np.ndarray:
-    """(seed, 位置) → [0, 1 − 2^-23] 里 2^23 个等距的值之一：只由这两个整数决定，与批里还有谁无关。
+    """(seed, 位置) → [0, 1 − 2^-23] 里 2^23 个等距的值之一：seeded_key 的高 23 位。
     给两个 uint64 数组时一次算一批（prepare 里一组的所有行），得到 float64 数组。"""
-    return (_mix64(_mix64(seed) ^ position) >> 41) / 2**23
+    return (seeded_key(seed, position) >> 41) / 2**23
 
 
 def sample_inverse_cdf(w: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -128,17 +134,19 @@ class LogprobsOutput(NamedTuple):
 class SampleGroup:
     """一批里走同一条采样路的若干行，参数已经在设备上。
 
-    kind："full"：没开 top-k/top-p，在整行上抽；"candidates"：每行都开了 top-k 或 top-p，CPU 上只在前 K 名里抽，
-    GPU 上由 FlashInfer 截断之后在整行上抽；"flashinfer"：GPU 上没带 seed 的行，整个交给 FlashInfer。
+    kind："full"：没开 top-k/top-p，在整行上做逆 CDF；"candidates"：每行都开了 top-k 或 top-p，只在前 K 名里做逆 CDF
+    （这两条是 CPU 上的路）；"flashinfer"：GPU 上没带 seed 的行，整个交给 FlashInfer；"race"：GPU 上其余的行，
+    交给 kernel/sample.py 的 race_sample（本章后面）。
     """
 
-    kind: Literal["full", "candidates", "flashinfer"]
+    kind: Literal["full", "candidates", "flashinfer", "race"]
     rows: torch.Tensor | None  # [G] int64：这些行在批里的下标；None：整批
     temperatures: torch.Tensor  # [G] float32
     top_k: torch.Tensor  # [G] int64（V 表示这一行不截）
     top_p: torch.Tensor  # [G] float32（1 表示这一行不截）
     min_p: torch.Tensor | None  # [G] float32；整组都没开 min-p 时为 None
-    uniform: torch.Tensor | None  # [G] float32：逆 CDF 用的 u（FlashInfer 那组自己出随机数，是 None）
+    uniform: torch.Tensor | None  # [G] float32：逆 CDF 用的 u（只有 "full"、"candidates" 两组有）
+    keys: torch.Tensor | None  # [G] int64：race_sample 的随机数种子（只有 "race" 组有）
     k_max: int = 0  # 开了 top-k 的行里最大的 k（0：整组都没开 top-k）
     any_top_p: bool = False  # 有行开了 top-p（top_p < 1）
     all_top_p: bool = False  # 每行都开了 top-p
@@ -174,8 +182,9 @@ class BatchSamplingArgs:
 class Sampler:
     """logits → 下一个 token（和 logprobs）。prepare 在 CPU 上把一批的参数拼好、一次拷到设备上；sample 只发射设备上的工作。
 
-    没给 seed 的请求：GPU 上交给 FlashInfer 的采样 kernel（随机数来自一个以 random_seed 起始的生成器）；CPU 上
-    （以及没装 FlashInfer 的 GPU 上）和带 seed 的请求一样走逆 CDF，seed 由 random_seed 和 uid 派生。
+    没给 seed 的请求：GPU 上交给 FlashInfer 的采样 kernel（随机数来自一个以 random_seed 起始的生成器）；否则和带
+    seed 的请求一样，随机数只由 (seed, 位置) 决定（没给的 seed 由 random_seed 和 uid 派生）：GPU 上用 race_sample，
+    CPU 上用逆 CDF。
     """
 
     def __init__(self, device: torch.device, vocab_size: int, random_seed: int,
@@ -183,6 +192,7 @@ class Sampler:
         self.device, self.vocab_size, self.random_seed = device, vocab_size, random_seed
         self._fi = _flashinfer_sampling() if use_flashinfer and device.type == "cuda" else None
         self._generator: torch.Generator | None = None  # FlashInfer 用；第一次用时建
+        self._race = device.type == "cuda" and race_sample_supported()  # GPU 上有 Triton（装了 CUDA 版 torch 就有）
         if self._fi is not None:  # FlashInfer 第一次用采样 kernel 时现场编译（一分钟上下）：放在启动时，不让第一个请求等
             probs = self._fi.softmax(torch.zeros(1, vocab_size, device=device), temperature=1.0)  # [1, V]
             self._fi.top_p_sampling_from_probs(probs, 0.9, generator=torch.Generator(device=device).manual_seed(0))
@@ -196,10 +206,11 @@ class Sampler:
             return BatchSamplingArgs(greedy=True)  # 最常见的情况：一次 argmax
         V = self.vocab_size
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
-        ours = [i for i in sampled if self._fi is None or params[i].seed is not None]  # 逆 CDF：u 由 seed 决定
+        ours = [i for i in sampled if self._fi is None or params[i].seed is not None]  # 随机数由 (seed, 位置) 决定
         filtered = [i for i in ours if 0 < params[i].top_k < V or params[i].top_p < 1]
-        kinds = (("flashinfer", [i for i in sampled if i not in ours]),
-                 ("full", [i for i in ours if i not in filtered]), ("candidates", filtered))
+        kinds = (("flashinfer", [i for i in sampled if i not in ours]), ("race", ours if self._race else []),
+                 ("full", [] if self._race else [i for i in ours if i not in filtered]),
+                 ("candidates", [] if self._race else filtered))
         penalized = [i for i, p in enumerate(params) if p.has_penalties]
         return BatchSamplingArgs(
             greedy=not sampled, mixed=0 < len(sampled) < len(reqs),
@@ -242,14 +253,20 @@ class Sampler:
         ps = [reqs[i].sampling_params for i in rows]
         ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
         floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]]
-        if kind != "flashinfer":  # 每行一个 u：只由 (seed, 要采样的位置) 决定
+        ints = [rows, ks]
+        if kind != "flashinfer":  # 每行的随机数只由 (seed, 要采样的位置) 决定
             seeds = np.array([self._seed(reqs[i]) for i in rows], dtype=np.uint64)
-            floats.append(seeded_uniform(seeds, np.array([reqs[i].device_len for i in rows], dtype=np.uint64)).tolist())
+            positions = np.array([reqs[i].device_len for i in rows], dtype=np.uint64)
+            if kind == "race":  # 整个哈希当种子：右移一位，放得进 int64
+                ints.append((seeded_key(seeds, positions) >> np.uint64(1)).astype(np.int64).tolist())
+            else:  # 逆 CDF：一个 u
+                floats.append(seeded_uniform(seeds, positions).tolist())
         f = self._to_device(torch.tensor(floats, dtype=torch.float32))  # [3 或 4, G]
-        n = self._to_device(torch.tensor([rows, ks], dtype=torch.int64))  # [2, G]
+        n = self._to_device(torch.tensor(ints, dtype=torch.int64))  # [2 或 3, G]
         return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0],
                            top_k=n[1], top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
-                           uniform=f[3] if kind != "flashinfer" else None,
+                           uniform=f[3] if kind in ("full", "candidates") else None,
+                           keys=n[2] if kind == "race" else None,
                            k_max=max((k for k in ks if k < V), default=0), any_top_p=any(p.top_p < 1 for p in ps),
                            all_top_p=all(p.top_p < 1 for p in ps),
                            p_only=any(k == V and p.top_p < 1 for k, p in zip(ks, ps)))
@@ -322,9 +339,12 @@ class Sampler:
             if self._generator is None:  # TP 下各 rank 的 random_seed 相同、调用次序相同，抽出的随机数也相同
                 self._generator = torch.Generator(device=self.device).manual_seed(self.random_seed)
             return flashinfer_sample(self._fi, x, g, self._generator)
+        if g.kind == "race":
+            assert g.keys is not None
+            if g.k_max and g.any_top_p:  # 两个都开的行：先截 top-k，kernel 再在剩下的词上做 top-p
+                x = keep_top_k(x, g.top_k, g.k_max)
+            return race_sample(x, g.keys, g.temperatures, g.top_k, g.top_p, g.min_p)
         assert g.uniform is not None
-        if g.kind == "candidates" and self._fi is not None:  # GPU 上带 seed、开了过滤的行：FlashInfer 截断，不排序
-            return flashinfer_seeded(self._fi, x, g)
         x = x.float()  # [G, V]（GPU 上 logits 是 bf16）
         if g.kind == "full":
             w, ids = relative_probs(x, g.temperatures), None  # [G, V]
@@ -351,25 +371,21 @@ def flashinfer_sample(fs: ModuleType, x: torch.Tensor, g: SampleGroup, generator
     return fs.sampling_from_probs(probs, generator=generator)
 
 
-def flashinfer_filtered(fs: ModuleType, x: torch.Tensor, g: SampleGroup, deterministic: bool = False) -> torch.Tensor:
-    """softmax(x / T)，再按 top-k、top-p 截断、重新归一化：FlashInfer 的 kernel，不排序。x: [G, V] → [G, V] float32。
-    deterministic：top-p 的截断点用整数累加求（结果只由这一行的概率决定，与批里还有谁无关）。"""
+def flashinfer_filtered(fs: ModuleType, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
+    """softmax(x / T)，再按 top-k、top-p 截断、重新归一化：FlashInfer 的 kernel，不排序。x: [G, V] → [G, V] float32。"""
     probs = fs.softmax(x, temperature=g.temperatures)  # [G, V] float32：一个 kernel 除以 T、做 softmax
     if g.k_max:
         probs = fs.top_k_renorm_probs(probs, g.top_k)  # k = V 的行一个也不截
     if g.any_top_p:
-        cut = fs.top_p_renorm_probs(probs, g.top_p, is_deterministic=deterministic)
+        cut = fs.top_p_renorm_probs(probs, g.top_p)
         probs = cut if g.all_top_p else torch.where(g.top_p[:, None] < 1, cut, probs)  # top_p = 1 的行原样留下
     return probs
 
 
-def flashinfer_seeded(fs: ModuleType, x: torch.Tensor, g: SampleGroup) -> torch.Tensor:
-    """GPU 上带 seed、开了 top-k/top-p 的行：flashinfer_filtered（确定性模式），再用这一行自己的 u 做逆 CDF。
-    x: [G, V] → [G] int64。"""
-    probs = flashinfer_filtered(fs, x, g, deterministic=True)  # [G, V]
-    if g.min_p is not None:  # 最后 min-p：与这一行最大的概率相比
-        probs.masked_fill_(probs < g.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
-    return sample_inverse_cdf(probs, g.uniform)  # 概率按词表顺序排成尺：宽度 0 的词抽不到
+def keep_top_k(x: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
+    """x: [G, V] → 新的 [G, V]：每行只留 logit 不小于第 top_k 名的词，其余 −inf；top_k = V 的行原样。"""
+    kth = x.topk(k_max, dim=-1).values.gather(1, top_k.clamp(max=k_max)[:, None] - 1)  # [G, 1]：第 k 名的 logit
+    return x.masked_fill((x < kth) & (top_k[:, None] < x.shape[1]), -torch.inf)
 
 
 def _flashinfer_sampling() -> ModuleType | None:
