@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default 1 8 32 (CPU), 1 8 64 256")
     ap.add_argument("--iters", type=int, default=None, help="timed calls per cell (default 20 CPU, 200 CUDA)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--no-flashinfer", action="store_true", help="CUDA: sample every row by the inverse-CDF path")
+    ap.add_argument("--no-flashinfer", action="store_true", help="CUDA: sample every row by race_sample (ch08's kernel)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -96,7 +96,9 @@ def main() -> None:
     iters = args.iters or (200 if cuda else 20)
     V = args.vocab
     sampler = Sampler(device, V, random_seed=0, use_flashinfer=not args.no_flashinfer)
-    fi = "FlashInfer for unseeded rows" if sampler._fi is not None else "inverse CDF for every row"
+    fi = ("inverse CDF for every row" if not cuda else
+          "FlashInfer for unseeded rows, race_sample for seeded ones" if sampler._fi is not None else
+          "race_sample for every row")
 
     probe = zipf_logits(1, V, torch.device("cpu"), torch.float32)[0]
     p = (probe / 0.7).softmax(-1).sort(descending=True).values
