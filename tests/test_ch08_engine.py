@@ -235,7 +235,7 @@ def run_race_cases() -> None:
         freq = torch.bincount(got, minlength=V) / n
         assert (freq - want).abs().max() < 0.08, f"{(T, k, p, min_p)}: {(freq - want).abs().max():.3f}"
     # top-k 和 top-p 都开：keep_top_k 先截 top-k，kernel 在剩下的词上做 top-p（按前 k 名重新归一化的概率）
-    x = keep_top_k(row.expand(n, V).contiguous(), torch.full((n,), 8), 8)
+    x = keep_top_k(row.expand(n, V).contiguous(), torch.full((n,), 8), torch.full((n,), 0.6), 8)
     got = race(x, keys, 1.0, 8, 0.6, 0.0)
     top8 = torch.full((V,), -torch.inf).scatter(0, row.topk(8).indices, row.topk(8).values)
     assert bool((race_reference(top8, 1.0, V, 0.6, 0.0)[got] > 0).all())

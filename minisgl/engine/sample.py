@@ -342,7 +342,7 @@ class Sampler:
         if g.kind == "race":
             assert g.keys is not None
             if g.k_max and g.any_top_p:  # 两个都开的行：先截 top-k，kernel 再在剩下的词上做 top-p
-                x = keep_top_k(x, g.top_k, g.k_max)
+                x = keep_top_k(x, g.top_k, g.top_p, g.k_max)
             return race_sample(x, g.keys, g.temperatures, g.top_k, g.top_p, g.min_p)
         assert g.uniform is not None
         x = x.float()  # [G, V]（GPU 上 logits 是 bf16）
@@ -382,10 +382,12 @@ def flashinfer_filtered(fs: ModuleType, x: torch.Tensor, g: SampleGroup) -> torc
     return probs
 
 
-def keep_top_k(x: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
-    """x: [G, V] → 新的 [G, V]：每行只留 logit 不小于第 top_k 名的词，其余 −inf；top_k = V 的行原样。"""
+def keep_top_k(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, k_max: int) -> torch.Tensor:
+    """x: [G, V] → 新的 [G, V]：top-k 和 top-p 都开的行只留 logit 不小于第 top_k 名的词，其余 −inf；别的行原样
+    （只开 top-k 的行由 race_sample 自己数，不必先截：这样它和整组都不开 top-p 时抽到的是同一个词）。"""
     kth = x.topk(k_max, dim=-1).values.gather(1, top_k.clamp(max=k_max)[:, None] - 1)  # [G, 1]：第 k 名的 logit
-    return x.masked_fill((x < kth) & (top_k[:, None] < x.shape[1]), -torch.inf)
+    both = (top_k < x.shape[1]) & (top_p < 1)  # [G]
+    return x.masked_fill((x < kth) & both[:, None], -torch.inf)
 
 
 def _flashinfer_sampling() -> ModuleType | None:

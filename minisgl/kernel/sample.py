@@ -10,7 +10,7 @@ from .fused import triton_kernel
 
 # G = 采样的行数，V = 词表。每行一个程序实例，按 BLOCK 个词一块扫过这一行
 
-BLOCK = 2048
+BLOCK = 4096  # 一块读 4096 个词：H200 上批大、带 top_p 时比 1024 快
 MAX_ROUNDS = 32  # 拒绝这么多轮还没收下（几乎不会发生），就取 logit 最大的词：它总在集合里
 
 
