@@ -14,6 +14,6 @@ rc=0
 run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
   local name=$1; shift
   echo "=== $name: $*"
-  "$@" 2>&1 | grep -v "Loading weights" | tee "$OUT/$name.txt"
+  "$@" 2>&1 | grep --line-buffered -v "Loading weights" | tee "$OUT/$name.txt"  # line-buffered: a command killed at the time limit keeps what it printed
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "${GPU_TAG:-gpu}: $name FAILED"; rc=1; }
 }
