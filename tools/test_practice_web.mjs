@@ -145,7 +145,7 @@ const listState = () => page.$$eval("#listview tr[data-ex]", (rows) => rows.map(
 const httpOk = async (url) => (await fetch(url)).ok;
 
 try {
-  // 0. 书的每一页离线可读：不向 127.0.0.1 以外发任何请求，公式由书里自带的 MathJax 排好，代码清单不折行（横向滚动）
+  // 0. 书的每一页离线可读：不向 127.0.0.1 以外发任何请求，公式由书里自带的 MathJax 排好，代码清单不折行（横向滚动），图不扁
   const pages = ["book/performance.html", ...fs.readdirSync(path.join(site, "book", "chapters"))
     .filter((f) => f.endsWith(".html")).sort().map((f) => `book/chapters/${f}`)];
   // 三个标签页同时读（大部分时间在等网络空闲），结果按页面的顺序报告
@@ -163,9 +163,11 @@ try {
         .catch(() => {});
       const rendered = await tab.$$eval("mjx-container", (e) => e.length);
       const wraps = await tab.$$eval("div.cell_input div.highlight pre", (e) => e.filter((x) => getComputedStyle(x).whiteSpace !== "pre").length);
-      results.set(rel, [outside.length === 0 && rendered >= math && wraps === 0,
+      // 单元格画的图在正文栏里至少 250 px 高：再矮，坐标轴上的字就读不出来了
+      const flat = await tab.$$eval("div.cell_output img", (e) => e.filter((i) => i.getBoundingClientRect().height < 250).length);
+      results.set(rel, [outside.length === 0 && rendered >= math && wraps === 0 && flat === 0,
         `${rel}：离线（对外请求 ${outside.length}${outside.length ? "：" + outside.slice(0, 3).join(" ") : ""}），公式 ${rendered}/${math} 排好，` +
-        `折行的代码清单 ${wraps}`]);
+        `折行的代码清单 ${wraps}，矮于 250 px 的图 ${flat}`]);
     }
     await tab.unrouteAll();
   }));
