@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch01_skeleton.ipynb and ch09_continuous_batching.ipynb — edit the notebooks, not this file.
+# Tangled from book/chapters/ch01_skeleton.ipynb and ch04_moe.ipynb and ch09_continuous_batching.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import shutil
@@ -104,6 +104,24 @@ def smollm2() -> Path:
     from minisgl.utils.hf import default_model_path
 
     return default_model_path()
+
+
+def run_interpreted(module: str, function: str) -> None:
+    """在 TRITON_INTERPRET=1 的子进程里调用 tests/<module>.py 的 function()：CPU 上用 Triton 的解释器逐行执行
+    kernel。子进程导入同一棵树里的 minisgl（这一章的树），失败时把它的 stderr 带回来。"""
+    import os
+    import subprocess
+    import sys
+
+    import minisgl
+
+    pytest.importorskip("triton")
+    root = Path(minisgl.__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", f"import {module} as t; t.{function}()"], cwd=Path(__file__).parent,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def mixed_workload(seed: int = 0, n: int = 64, vocab: int = 5000):

@@ -2,19 +2,15 @@
 """第 4 章：MoE 块等于 transformers 的 Qwen3MoeSparseMoeBlock；整个 Qwen3-MoE 的 logits 与贪心 token 逐个相同；
 前向不和 CPU 同步；Triton 的 kernel（CPU 上用解释器，GPU 上编译）与参照一致，能录进 CUDA Graph。"""
 import dataclasses
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_interpreted
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-import minisgl
 from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, init_dummy_weight, load_weight
 from minisgl.models.weight import stack_experts
 from minisgl.moe import MOE_BACKENDS, MoELayer, create_moe_backend, fused_moe, resolve_moe_backend, select_experts
@@ -157,13 +153,7 @@ def run_interpreted_cases() -> None:
 
 
 def test_triton_kernels_match_reference_interpreted() -> None:
-    pytest.importorskip("triton")
-    root = Path(minisgl.__file__).resolve().parents[1]  # 这一章的树：子进程导入同一个 minisgl
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", "import test_ch04_moe as t; t.run_interpreted_cases()"],
-                          cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_interpreted("test_ch04_moe", "run_interpreted_cases")
 
 
 def test_select_experts() -> None:

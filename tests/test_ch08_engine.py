@@ -9,6 +9,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 import torch
+from conftest import run_interpreted
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from minisgl.core import Batch, Req, SamplingParams
@@ -252,22 +253,9 @@ def run_race_cases() -> None:
 
 
 def test_race_sample_interpreted() -> None:
-    """GPU 上带 seed 的采样 kernel，在 CPU 上用 Triton 的解释器逐行执行：采到的词都在集合里、频率与按定义算的分布
-    相符（四种组合，400 次）；top-k 加 top-p；与批无关；NaN 的行不越界。"""
-    pytest.importorskip("triton")
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import minisgl
-
-    root = Path(minisgl.__file__).resolve().parents[1]  # 这一章的树：子进程导入同一个 minisgl
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", "import test_ch08_engine as t; t.run_race_cases()"],
-                          cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """GPU 上带 seed 的采样 kernel，在 CPU 上用 Triton 的解释器逐行执行（第 4 章 conftest 的 run_interpreted）：
+    采到的词都在集合里、频率与按定义算的分布相符（四种组合，400 次）；top-k 加 top-p；与批无关；NaN 的行不越界。"""
+    run_interpreted("test_ch08_engine", "run_race_cases")
 
 
 def test_each_step_costs_nothing_when_off() -> None:

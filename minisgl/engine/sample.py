@@ -207,10 +207,12 @@ class Sampler:
         V = self.vocab_size
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
         ours = [i for i in sampled if self._fi is None or params[i].seed is not None]  # 随机数由 (seed, 位置) 决定
-        filtered = [i for i in ours if 0 < params[i].top_k < V or params[i].top_p < 1]
-        kinds = (("flashinfer", [i for i in sampled if i not in ours]), ("race", ours if self._race else []),
-                 ("full", [] if self._race else [i for i in ours if i not in filtered]),
-                 ("candidates", [] if self._race else filtered))
+        kinds = [("flashinfer", [i for i in sampled if i not in ours])]
+        if self._race:  # GPU：一个 kernel 管所有的过滤
+            kinds.append(("race", ours))
+        else:  # CPU：开了过滤的行在候选上抽
+            filtered = [i for i in ours if 0 < params[i].top_k < V or params[i].top_p < 1]
+            kinds += [("full", [i for i in ours if i not in filtered]), ("candidates", filtered)]
         penalized = [i for i, p in enumerate(params) if p.has_penalties]
         return BatchSamplingArgs(
             greedy=not sampled, mixed=0 < len(sampled) < len(reqs),
