@@ -10,7 +10,8 @@ from .fused import triton_kernel
 
 # G = 采样的行数，V = 词表。每行一个程序实例，按 BLOCK 个词一块扫过这一行
 
-BLOCK = 4096  # 一块读 4096 个词：H200 上批大、带 top_p 时比 1024 快
+BLOCK = 4096  # 一块读 4096 个词：H200 上批大、带 top_p 时比 1024、2048 快
+NUM_WARPS = 8  # 每行 8 个 warp：H200 上量过 4、8、16 个，8 个最快或并列最快（批 1 到 256，带不带 top_p）
 MAX_ROUNDS = 32  # 拒绝这么多轮还没收下（几乎不会发生），就取 logit 最大的词：它总在集合里
 
 
@@ -88,5 +89,6 @@ def race_sample(x: torch.Tensor, keys: torch.Tensor, temperatures: torch.Tensor,
     assert x.stride(1) == 1 and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
     out = torch.empty(G, dtype=torch.int32, device=x.device)
     _kernel()[(G,)](x, x.stride(0), keys, temperatures, top_k, top_p, top_p if min_p is None else min_p, out, V,
-                    BLOCK=min(BLOCK, 1 << (V - 1).bit_length()), MAX_ROUNDS=MAX_ROUNDS, HAS_MIN_P=min_p is not None)
+                    BLOCK=min(BLOCK, 1 << (V - 1).bit_length()), MAX_ROUNDS=MAX_ROUNDS, HAS_MIN_P=min_p is not None,
+                    num_warps=NUM_WARPS)
     return out
