@@ -175,8 +175,9 @@ def host_profile(fn: Callable[[], int], device: str) -> None:
 def short_paths(line: str) -> str:
     """A cProfile line with its file relative to the repository (minisgl/core.py), or, for Python's own and
     installed packages, to their lib directory (torch/cuda/graphs.py): where this run happened to be installed is
-    of no use to a reader."""
+    of no use to a reader; nor is the address a built-in's name carries ({function Event.synchronize at 0x7f...})."""
     line = line.replace(str(BENCH.parent) + os.sep, "")
+    line = re.sub(r" at 0x[0-9a-f]+>?}", "}", line)
     return re.sub(r"(?<!\S)\S*/lib/python3\.\d+/(?:site-packages/)?", "", line)
 
 
