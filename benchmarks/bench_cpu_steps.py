@@ -71,10 +71,8 @@ def main() -> None:
         for b in (1, 8, 32):  # new random prompts for every call: nothing comes from minisgl's prefix cache
             steps[b] = statistics.median((fn(ids(b, 100), 41) - fn(ids(b, 100), 1)) / 40 for _ in range(args.repeats))
         prefill = statistics.median(fn(ids(32, 64), 1) for _ in range(args.repeats)) / (32 * 64)
-        bs = list(steps)
-        mb, ms = sum(bs) / len(bs), sum(steps.values()) / len(bs)
-        slope = sum((b - mb) * (steps[b] - ms) for b in bs) / sum((b - mb) ** 2 for b in bs)
-        costs[name] = (ms - slope * mb, slope, prefill, steps)
+        slope, intercept = statistics.linear_regression(list(steps), list(steps.values()))  # step ≈ a + b·batch
+        costs[name] = (intercept, slope, prefill, steps)
 
     prompts, outs = workload(32, 16, 128, 10000)
     ins = [len(p) for p in prompts]

@@ -204,17 +204,6 @@ def test_tiny_temperature_samples_the_argmax() -> None:
     assert torch.equal(relative_probs(x, torch.full((3,), 1e-5)).amax(-1), torch.ones(3))
 
 
-def race_reference(row: torch.Tensor, T: float, k: int, p: float, min_p: float) -> torch.Tensor:
-    """一行 logits 在 (T, top-k, top-p, min-p) 下的分布：整行排序，按定义截断（逐行的参照，不用本章的函数）。"""
-    w = torch.exp((row.float() - row.float().max()) / T)
-    order = w.argsort(descending=True)
-    ws = w[order]
-    keep = (torch.arange(len(ws)) < k) & (ws.cumsum(0) - ws <= p * ws.sum()) & (ws >= min_p)
-    q = torch.zeros_like(w)
-    q[order[keep]] = ws[keep]
-    return q / q.sum()
-
-
 def run_race_cases() -> None:
     """在 TRITON_INTERPRET=1 的子进程里运行（这个变量要在 Triton 第一次被导入之前设好）：race_sample 逐行执行。"""
     from minisgl.engine.sample import keep_top_k
@@ -231,7 +220,7 @@ def run_race_cases() -> None:
     keys = torch.arange(n, dtype=torch.int64) * 7919 + 1
     for T, k, p, min_p in ((1.0, V, 1.0, 0.0), (0.7, V, 0.95, 0.0), (1.0, 5, 1.0, 0.0), (1.5, V, 1.0, 0.2)):
         got = race(row.expand(n, V).contiguous(), keys, T, k, p, min_p)
-        want = race_reference(row, T, k, p, min_p)
+        want = reference_probs(row, SamplingParams(temperature=T, top_k=k, top_p=p, min_p=min_p))  # 本章后面
         assert bool((want[got] > 0).all()), f"{(T, k, p, min_p)}: a token outside the kept set"
         freq = torch.bincount(got, minlength=V) / n
         assert (freq - want).abs().max() < 0.08, f"{(T, k, p, min_p)}: {(freq - want).abs().max():.3f}"
@@ -239,7 +228,7 @@ def run_race_cases() -> None:
     x = keep_top_k(row.expand(n, V).contiguous(), torch.full((n,), 8), torch.full((n,), 0.6), 8)
     got = race(x, keys, 1.0, 8, 0.6, 0.0)
     top8 = torch.full((V,), -torch.inf).scatter(0, row.topk(8).indices, row.topk(8).values)
-    assert bool((race_reference(top8, 1.0, V, 0.6, 0.0)[got] > 0).all())
+    assert bool((reference_probs(top8, SamplingParams(temperature=1.0, top_p=0.6))[got] > 0).all())
     # 一行的结果只由它的 logits 和种子决定：单独抽、混在一批里抽（bf16 也一样），同一个词
     rows = torch.randn(6, V, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     ks = torch.tensor([5, 17, 29, 31, 37, 41], dtype=torch.int64)
