@@ -428,7 +428,9 @@ def print_rows(rows: List[Tuple[str, int | None, float | None]]) -> None:
         if t is None:
             print(f"{desc:<{w}} {'-':>7} {'-':>8} {'-':>9} {'-':>10}")
         else:
-            print(f"{desc:<{w}} {t:>7} {s:>8.2f} {t / s:>9.1f} {t / s / base_for(desc):>10.2f}")
+            base = base_for(desc)  # no minisgl row in this table (a peer's run on its own): "-"
+            vs = "-" if base != base else f"{t / s / base:.2f}"
+            print(f"{desc:<{w}} {t:>7} {s:>8.2f} {t / s:>9.1f} {vs:>10}")
 
 
 if __name__ == "__main__":

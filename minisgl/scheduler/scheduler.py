@@ -52,7 +52,7 @@ def make_reply(req: Req, token: int, reason: str | None, cached_tokens: int, log
 
 
 class Scheduler(SchedulerIOMixin):
-    """一个 TP rank 上的调度器：收请求、每步挑一批（prefill 优先）、交给引擎、处理结果、释放资源。
+    """一个 TP rank 上的调度器：收请求、每步挑一批（混合批：运行中的请求各 decode 一个 token，剩下的预算给 prefill，第 10 章）、交给引擎、处理结果、释放资源。
 
     输入是 receive_msg(消息)，输出是 send_result(DetokenizeMsg 列表)：离线的 LLM 自己实现 send_result；
     配置里给了 zmq_backend_addr 时是一个服务进程（第 14 章），收发由 SchedulerIOMixin 经 ZMQ 完成。
