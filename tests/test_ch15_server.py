@@ -689,7 +689,7 @@ def dummy_server(tiny_qwen3: Path, tmp_path_factory) -> Iterator[Tuple[subproces
     stop_server(proc)
 
 def test_new_flags(dummy_server, tiny_qwen3: Path, capsys) -> None:
-    """--num-threads、--dummy-weight、--cpu-kv-memory-mb 在 --help 里；只对另一种设备有意义的 flag 一行报错；
+    """--num-threads、--dummy-weight、--cpu-kv-memory-mb 在 --help 里；只对另一种设备有意义的 flag、注册表里没有的后端名一行报错；
     --dummy-weight 不读权重文件：一个只有配置和分词器的目录也能起服务、回答请求；刚起来的服务，/metrics 报出整个池。"""
     from minisgl.server.args import build_parser, parse_args
 
@@ -699,7 +699,8 @@ def test_new_flags(dummy_server, tiny_qwen3: Path, capsys) -> None:
                        "--dummy-weight"])
     assert (args.num_threads, args.cpu_kv_memory_mb, args.use_dummy_weight) == (3, 64, True)
     for flags, msg in [("--num-threads 0", "--num-threads 0 is invalid"),
-                       ("--device cpu --memory-ratio 0.5", "--memory-ratio applies on a GPU only")]:
+                       ("--device cpu --memory-ratio 0.5", "--memory-ratio applies on a GPU only"),
+                       ("--attn flashinfer", "argument --attn/--attention-backend: invalid choice: 'flashinfer'")]:
         with pytest.raises(SystemExit) as e:
             parse_args(["--model", str(tiny_qwen3), *flags.split()])
         err = capsys.readouterr().err

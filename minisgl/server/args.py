@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, List, NoReturn, Tuple
 
 from minisgl.distributed import DistributedInfo, free_tcp_address
+from minisgl.attention import ATTN_BACKENDS
+from minisgl.kvcache import PREFIX_CACHES
 from minisgl.scheduler import SchedulerConfig
 from minisgl.utils import pick_device
 from minisgl.utils.hf import load_hf_config, resolve_model_path
@@ -106,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-running-requests", type=int, default=_default("max_running_req"))
     add("--max-seq-len-override", type=int, default=_default("max_seq_len_override"))
     add("--max-prefill-length", "--max-extend-length", type=int, default=_default("max_extend_tokens"))
-    add("--attn", "--attention-backend", default=_default("attention_backend"))
-    add("--cache", "--cache-type", default=_default("cache_type"), help="radix / naive")
+    add("--attn", "--attention-backend", default=_default("attention_backend"), choices=["auto", *ATTN_BACKENDS.names()],
+        help="auto：GPU 上装了 FlashInfer 时是 fi，否则 torch")
+    add("--cache", "--cache-type", default=_default("cache_type"), choices=PREFIX_CACHES.names())
     add("--cuda-graph-max-bs", "--graph", type=int, default=_default("cuda_graph_max_bs"))
     add("--num-tokenizer", "--tokenizer-count", type=int, default=_default("num_tokenizer"),
         help="单独的分词进程数（0：detokenizer 兼做分词）")
