@@ -105,6 +105,8 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
               max_extend_tokens=args.max_extend_tokens)
     if args.device != "cpu":
         kw["cuda_graph_max_bs"] = int(v["graphs"])
+    if "matmul" in v:  # CPU: onednn (the engine's default, chapter 8) or torch (F.linear)
+        kw["cpu_onednn"] = v["matmul"] == "onednn"
     from minisgl.scheduler import SchedulerConfig
     if "enable_overlap" not in {f.name for f in dataclasses.fields(SchedulerConfig)}:  # chapters 9-10's trees
         if kw.pop("enable_overlap"):
@@ -122,6 +124,8 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     desc = f"minisgl (overlap {v['overlap']}, {args.cache} cache, page {args.page_size}, attn {v['attn']}"
     if args.device != "cpu":
         desc += f", graphs {'on' if int(v['graphs']) else 'off'}"
+    elif hasattr(llm.engine, "matmul"):  # chapter 8 on: what the engine actually uses
+        desc += f", matmul {llm.engine.matmul}"
     if os.environ.get("MINISGL_FUSED_KERNELS") == "0":
         desc += ", fused kernels off"
     desc += ")"
@@ -322,7 +326,8 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=None, help="transformers' static batch size (default 32 / 64)")
     ap.add_argument("--variants", nargs="*", default=None, metavar="K=V,...",
                     help="minisgl configurations to run one after another, e.g. overlap=off graphs=0,attn=torch "
-                         "(keys overlap, graphs, attn; default: just the flags above)")
+                         "matmul=torch (keys overlap, graphs, attn, matmul (CPU: onednn or torch); default: just the "
+                         "flags above)")
     ap.add_argument("--hf-seqs", type=int, default=None,
                     help="run transformers on the first K sequences only, and minisgl on them too for the ratio "
                          "(default: all on CPU, 64 with --gpu, where transformers takes minutes)")
@@ -371,9 +376,9 @@ def main() -> None:
 
     variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants] if args.variants else [{}]
     for v in variants:
-        bad = set(v) - {"overlap", "graphs", "attn"}
+        bad = set(v) - {"overlap", "graphs", "attn", "matmul"}
         if bad:
-            raise SystemExit(f"error: --variants: unknown key(s) {sorted(bad)}; use overlap, graphs, attn")
+            raise SystemExit(f"error: --variants: unknown key(s) {sorted(bad)}; use overlap, graphs, attn, matmul")
     hf = not args.no_hf or not args.no_hf_cb
     k = args.hf_seqs or (64 if gpu else n)
     subsets = [k] if hf and k < n else []

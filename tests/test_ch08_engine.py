@@ -1,5 +1,5 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
-"""第 8 章：Engine 的贪心输出等于 transformers；采样的截断、抽样、seed、惩罚、logit_bias、logprobs 和掩码。"""
+"""第 8 章：Engine 的贪心输出等于 transformers；CPU 上的 oneDNN 矩阵乘；采样的截断、抽样、seed、惩罚、logit_bias、logprobs 和掩码。"""
 import gc
 import random
 import weakref
@@ -9,6 +9,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import run_interpreted
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
@@ -16,6 +17,7 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.engine import Engine, EngineConfig, Sampler, graph_batch_sizes
 from minisgl.engine.sample import relative_probs, sample_inverse_cdf, seeded_uniform, top_k_top_p_candidates
+from minisgl.layers.base import linear, onednn_weight
 
 PROMPTS = [[9707, 11, 847, 829, 374], [3555, 374, 279, 6722, 315, 9625, 30, 13, 11, 847, 1879, 20, 785, 3555, 11,
            847, 829, 374, 9707], [785], [20, 374, 279]]
@@ -99,6 +101,43 @@ def test_engine_is_freed_without_the_garbage_collector(tiny_qwen3) -> None:
         assert alive() is None and pool() is None
     finally:
         gc.enable()
+
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 17, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_linear_matches_f_linear(rows: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(rows)
+    w, x, b = torch.randn(300, 96, generator=g), torch.randn(rows, 96, generator=g), torch.randn(300, generator=g)
+    packed = onednn_weight(w)
+    assert packed.is_mkldnn and packed.shape == w.shape
+    want = F.linear(x, w, b if bias else None)
+    torch.testing.assert_close(linear(x, packed, b if bias else None), want, rtol=1e-5, atol=1e-5)
+    wide = torch.cat([x, x], dim=1)[:, :96]  # 行与行不相邻的输入（split 出来的那种视图）
+    torch.testing.assert_close(linear(wide, packed), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_engine_uses_onednn_on_cpu_and_the_tokens_stay(tiny_qwen3) -> None:
+    prompts, params = PROMPTS, [SamplingParams(max_tokens=12)] * len(PROMPTS)
+    outs = {}
+    for onednn in (True, False):
+        engine = Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=256, max_seq_len_override=128,
+                                     cpu_onednn=onednn))
+        try:
+            assert engine.matmul == ("onednn" if onednn else "torch")
+            linears = [m for layer in engine.model.model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                                     layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+            assert all(m.weight.is_mkldnn == onednn for m in linears)
+            assert (engine.model.lm_head._onednn is not None) == onednn
+            outs[onednn] = generate(engine, prompts, params, list(range(len(prompts))))
+        finally:
+            engine.shutdown()
+    assert outs[True] == outs[False]
+    assert outs[True][0] == hf_greedy(tiny_qwen3, prompts[0], 12)
 
 
 def test_seeded_sampling_is_independent_of_the_batch(tiny_qwen3) -> None:

@@ -31,6 +31,7 @@ class EngineConfig:
     random_seed: int | None = None  # 没给 seed 的请求用它派生的随机数；None：启动时随机选一个
     num_threads: int | None = None  # CPU 上 torch 用几个线程；None：这个进程能用的核数
     use_dummy_weight: bool = False  # 不读权重文件，按配置随机初始化（压测用）
+    cpu_onednn: bool = True  # CPU、float32：线性层和 LM head 的权重换成 oneDNN 预先排好的格式（False：F.linear，作对照）
 
     def __post_init__(self) -> None:
         if self.page_size is None:  # 按设备定下来：之后读 config.page_size 的地方拿到的总是整数

@@ -10,6 +10,7 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, current_ctx, set_global_ctx, use_ctx
 from minisgl.distributed import get_tp_info, init_distributed, kv_head_range, set_tp_info
 from minisgl.kvcache import MHAKVCache
+from minisgl.layers import BaseOP
 from minisgl.models import ModelConfig, create_model, init_dummy_weight, load_weight
 from minisgl.moe import create_moe_backend, resolve_moe_backend
 from minisgl.utils import align_ceil, div_ceil, init_logger, parse_dtype, pick_device, set_num_threads, torch_dtype
@@ -54,6 +55,8 @@ class Engine:
             init_dummy_weight(self.model)
         else:
             load_weight(self.model, config.model_path)
+        onednn = self.device.type == "cpu" and self.dtype == torch.float32 and config.cpu_onednn
+        self.matmul = "onednn" if onednn and _use_onednn(self.model) else "torch"  # 第 8 章"CPU 上的矩阵乘"
 
         mc = self.model_config
         limit = mc.max_position_embeddings
@@ -77,7 +80,7 @@ class Engine:
         self.sampler = Sampler(self.device, mc.vocab_size, self._random_seed())
         self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
         logger.info_rank0(f"engine: {mc.architecture} {self.dtype} on {self.device}, attention {attn}"
-                          f"{f', moe {moe}' if moe else ''}, {self.num_threads} CPU thread(s), KV pool {self.num_pages} pages x {config.page_size} tokens "
+                          f"{f', moe {moe}' if moe else ''}, matmul {self.matmul}, {self.num_threads} CPU thread(s), KV pool {self.num_pages} pages x {config.page_size} tokens "
                           f"({self.kv_cache.nbytes / 2**20:.0f} MiB), max_seq_len {self.max_seq_len}")
 
     def prepare_batch(self, batch: Batch, token_pool: torch.Tensor | None = None) -> None:
@@ -187,3 +190,22 @@ def _resolve_attention(name: str, device: torch.device) -> str:
         except ImportError:
             logger.warning("flashinfer is not installed: attention falls back to the torch backend")
     return "torch"
+
+
+def _use_onednn(model: BaseOP) -> int:
+    """每个做矩阵乘的算子（有 use_onednn 方法的：线性层、LM head）把权重换成 oneDNN 预先排好的格式；返回换了几个。
+    这个 torch 没有带 oneDNN（或这个平台上排不了）时什么都不换，返回 0，矩阵乘照旧走 F.linear。"""
+    if not torch.backends.mkldnn.is_available():
+        return 0
+    n, ops = 0, [model]
+    while ops:
+        op = ops.pop()
+        ops.extend(child for _, child in op.children() if isinstance(child, BaseOP))
+        if hasattr(op, "use_onednn"):
+            try:
+                op.use_onednn()
+            except RuntimeError as e:  # 排不了的权重留在原来的格式：linear 两种都认
+                logger.warning(f"oneDNN cannot reorder a weight ({e}); the remaining matmuls use F.linear")
+                return n
+            n += 1
+    return n

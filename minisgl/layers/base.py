@@ -108,7 +108,17 @@ def fused_kernels(x: torch.Tensor) -> ModuleType | None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias)：[T, in] -> [T, out]。GPU 上 bf16/fp16、T <= 16 时用 Triton 的 GEMV，否则 F.linear。"""
+    """x @ weight.T (+ bias)：[T, in] -> [T, out]。权重是 oneDNN 排好的那种时用 oneDNN（CPU）；
+    GPU 上 bf16/fp16、T <= 16 时用 Triton 的 GEMV；否则 F.linear。"""
+    if weight.is_mkldnn:  # 引擎在 CPU 上换的（onednn_weight，见后面"CPU 上的矩阵乘"一节）
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     if fused_kernels(x) is not None and gemv_supported(x, weight):
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def onednn_weight(weight: torch.Tensor) -> torch.Tensor:
+    """CPU 上 float32 的权重 [out, in] → oneDNN 为矩阵乘排好的一份（layout 是 torch._mkldnn，linear 认得它）。
+    形状和 dtype 不变，数据按 oneDNN 的内核读取的顺序分块重排：只能交给 linear，不能再当普通张量读写。"""
+    assert weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2, weight.shape
+    return torch.ops.mkldnn._reorder_linear_weight(weight)

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch05_tensor_parallel.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch05_tensor_parallel.ipynb and ch08_engine.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from minisgl.distributed import all_gather, all_reduce, get_tp_info, vocab_range
 from minisgl.utils import div_ceil
 
-from .base import BaseOP
+from .base import BaseOP, linear, onednn_weight
 
 
 class VocabParallelEmbedding(BaseOP):
@@ -44,12 +44,21 @@ class ParallelLMHead(BaseOP):
         self.num_embeddings = num_embeddings
         self._tied = tied_embedding  # 下划线：只是引用，参数属于词嵌入
         self._tp_size = get_tp_info().size
+        self._onednn: torch.Tensor | None = None  # CPU：use_onednn 排好的一份
         if tied_embedding is None:
             self.weight = torch.empty(div_ceil(num_embeddings, self._tp_size), embedding_dim)  # [V/tp, E]
 
+    def use_onednn(self) -> None:
+        """CPU、float32：排好一份。绑定词嵌入时词嵌入照旧用原来那份查表，所以多占一份 [V/tp, E]。"""
+        self._onednn = onednn_weight(self._tied.weight if self._tied is not None else self.weight)
+        if self._tied is None:
+            self.weight = self._onednn  # 不绑定时原来那份没有别人用
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self._tied.weight if self._tied is not None else self.weight
-        logits = F.linear(x, weight)  # [T, E] -> [T, V/tp]
+        if self._onednn is not None:
+            logits = linear(x, self._onednn)  # [T, E] -> [T, V/tp]
+        else:  # GPU 上它本来就读满带宽，不走 GEMV（见上面"批大小 1 的矩阵乘"）
+            logits = F.linear(x, self._tied.weight if self._tied is not None else self.weight)
         if self._tp_size == 1:
             return logits
         return all_gather(logits)[:, :self.num_embeddings]  # [T, tp·V/tp] -> [T, V]，去掉补齐的列

@@ -7,7 +7,7 @@ import torch
 
 from minisgl.distributed import all_reduce, get_tp_info, kv_head_range, shard_range
 
-from .base import BaseOP, linear
+from .base import BaseOP, linear, onednn_weight
 
 
 class _Linear(BaseOP):
@@ -21,6 +21,10 @@ class _Linear(BaseOP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)  # [T, in] -> [T, out]
+
+    def use_onednn(self) -> None:
+        """CPU、float32：权重换成 oneDNN 排好的一份（引擎加载权重之后调用，见后面"CPU 上的矩阵乘"一节）。"""
+        self.weight = onednn_weight(self.weight)
 
 
 class LinearReplicated(_Linear):
