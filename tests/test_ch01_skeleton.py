@@ -7,7 +7,7 @@ import torch
 from minisgl.distributed import DistributedInfo, get_tp_info, set_tp_info, try_get_tp_info
 from minisgl.env import Env
 from minisgl.utils import (Registry, align_down, align_ceil, cpu_cores, div_ceil, init_logger, parse_dtype,
-                           set_num_threads, torch_dtype)
+                           pick_device, set_num_threads, torch_dtype)
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir, resolve_model_path
 
 
@@ -53,6 +53,9 @@ def test_misc_and_torch_utils():
     assert torch.empty(1).dtype == torch.float32
     with pytest.raises(ValueError, match="choose one of"):
         parse_dtype("fp8")
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="--device 'bogus' is invalid"):
+        pick_device("bogus")
     old = torch.get_num_threads()
     try:
         assert set_num_threads(1) == 1 == torch.get_num_threads()

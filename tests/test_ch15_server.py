@@ -262,6 +262,10 @@ BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误�
     ("/v1/completions", {"prompt": "hi", "top_k": 0}, "top_k"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1.5}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),  # 错误里是客户端用的字段名
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10**6},
+     "max_completion_tokens"),  # 分词进程发现放不下：同样换成客户端的字段名
     ("/v1/completions", {"prompt": "hi", "seed": -3}, "seed"),
     ("/v1/completions", {"prompt": ""}, "prompt"),
     ("/v1/completions", {"prompt": ["a", ""]}, "prompt"),
@@ -514,6 +518,15 @@ def test_responses_api(server) -> None:
                          ({"input": [{"type": "function_call_output", "output": "x"}]}, "input")]:
         resp = httpx.post(url, json={"input": "hi", **extra}, timeout=30)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param, (extra, resp.text)
+    routed = {"input": "Tell me a story.", "instructions": "Be brief.", "max_output_tokens": 6, "temperature": 0.0,
+              "model": "unknown", "store": True, "stream": None, "top_p": 1.0, "priority": 0, "top_k": -1, "min_p": 0.0,
+              "repetition_penalty": 1.0}  # sglang-router 转发的样子（附录）
+    resp = httpx.post(url, json=routed, timeout=30)
+    assert resp.status_code == 200 and resp.json()["output"][0]["content"][0]["text"] == r.output_text, resp.text
+    for body, param in [({**routed, "priority": 1}, "priority"), ({**routed, "max_output_tokens": 0}, "max_output_tokens")]:
+        resp = httpx.post(url, json=body, timeout=30)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+        assert param in resp.json()["error"]["message"], resp.text
 
 
 def test_api_key_stop_and_seed(smol_server) -> None:
@@ -521,6 +534,10 @@ def test_api_key_stop_and_seed(smol_server) -> None:
     port, key = smol_server
     r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi"}, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    for header, status in [(f"bearer {key}", 200), (f"BEARER  {key}", 200), (f"Bearer {key}x", 401), (key, 401)]:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                       headers={"Authorization": header}, timeout=30)
+        assert r.status_code == status, (header, r.text)
     assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # 健康检查不要 key
     c = client(port, key)
     assert c.models.list().data[0].id == "SmolLM2-135M-Instruct"

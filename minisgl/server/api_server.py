@@ -92,8 +92,9 @@ class FrontendManager:
         self.start()
         await self.send_tokenizer[msg.uid % len(self.send_tokenizer)].put(msg)
 
-    async def first_replies(self, uids: List[int], param: str) -> None:
-        """等每个请求的第一条回复（不取走）：被拒绝或后端挂了时，HTTP 状态码还没发出去，来得及回一个错误。"""
+    async def first_replies(self, uids: List[int], param: str, max_tokens_param: str = "max_tokens") -> None:
+        """等每个请求的第一条回复（不取走）：被拒绝或后端挂了时，HTTP 状态码还没发出去，来得及回一个错误。
+        max_tokens_param：客户端给输出上限用的字段名，分词进程说 max_tokens 的地方换成它。"""
         event = self.event_map[uids[0]]
         try:
             while not all(self.ack_map[uid] for uid in uids):
@@ -113,9 +114,10 @@ class FrontendManager:
         if r.finish_reason == "error":
             raise APIError(503, f"the server is shutting down: {self.dead}", type="server_error")
         if r.error is not None:  # 分词进程说了原因："max_tokens=... is too large ..."、提示词太长……
-            field_name = re.match(r"(\w+)=", r.error)
-            raise APIError(400, r.error, param=field_name.group(1) if field_name else param,
-                           code="context_length_exceeded" if "context" in r.error else None)
+            error = re.sub(r"^max_tokens=", f"{max_tokens_param}=", r.error)
+            field_name = re.match(r"(\w+)=", error)
+            raise APIError(400, error, param=field_name.group(1) if field_name else param,
+                           code="context_length_exceeded" if "context" in error else None)
         raise APIError(400, f"the request was refused by the scheduler (prompt of {r.prompt_tokens} tokens, "
                             f"context {self.max_seq_len})", param=param, code="context_length_exceeded")
 
@@ -565,8 +567,8 @@ class _CheckApiKey:
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         key = get_state().config.api_key if scope["type"] == "http" else None
         if key and scope["path"] not in ("/health", "/metrics"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), key.encode()):  # 方案名不分大小写
                 response = APIError(401, "invalid or missing API key (send the header Authorization: Bearer <key>)",
                                     type="authentication_error", code="invalid_api_key").response()
                 return await response(scope, receive, send)
@@ -718,9 +720,14 @@ class ResponsesRequest(_OpenAIRequest):
     max_output_tokens: int | None = None
     temperature: float = 1.0
     top_p: float | None = None
-    stream: bool = False
+    stream: bool | None = False  # null 和 false 一样（sglang-router 转发时是 null）
     text: Dict[str, Any] | None = None  # 只认 {"format": {"type": "text"}}（默认）
     truncation: Literal["disabled"] | None = None  # "auto" 会悄悄丢掉对话的开头：不支持
+    # sglang-router 转发这个接口时带上的字段（附录）：三个采样参数照办，priority 只认默认的 0
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    priority: Literal[0] = 0
 
     def messages(self) -> List[Dict[str, str]]:
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
@@ -767,10 +774,12 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     if req.text not in (None, {"format": {"type": "text"}}):
         raise APIError(400, f"text={json.dumps(req.text)[:80]} is not supported: only plain text output", param="text")
     state = get_state()
-    sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
+    sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size,  # type: ignore[arg-type]
+                          max_tokens_param="max_output_tokens")
     uids = state.new_users()
     await state.send_one(TokenizeMsg(uid=uids[0], text=req.messages(), sampling_params=sp))
-    await state.until_disconnected(state.first_replies(uids, param="input"), uids, request)
+    await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param="max_output_tokens"),
+                                   uids, request)
     rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
     if not req.stream:
         replies = (await state.collect_with_cancellation(uids, request))[0]

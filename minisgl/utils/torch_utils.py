@@ -31,7 +31,10 @@ def pick_device(name: str = "auto") -> torch.device:
     """auto：有 CUDA 用 cuda，否则 cpu。"""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # torch 的报错列出它认识的几十种设备，不说是哪个参数错了
+        raise ValueError(f"--device {name!r} is invalid: use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} was asked for, but this machine has no CUDA GPU")
     return device
