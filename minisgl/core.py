@@ -50,7 +50,7 @@ class SamplingParams:
 
         inf = float("inf")
         checks = {
-            "temperature": (num(self.temperature, 0, inf), "must be >= 0 (0 means greedy)"),
+            "temperature": (num(self.temperature, 0, inf), "must be >= 0 (below 1e-5 means greedy)"),
             "top_k": (self.top_k == -1 or integer(self.top_k, 1), "must be -1 (off) or >= 1"),
             "top_p": (num(self.top_p, 0, 1) and self.top_p > 0, "must be in (0, 1]"),
             "min_p": (num(self.min_p, 0, 1), "must be in [0, 1]"),
@@ -85,7 +85,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        # 小于 1e-5 的 temperature 也当贪心（vLLM 也这样）：1/T 把 logits 放大到 1e6 以上，按概率抽和取最大没有区别
+        return self.temperature < 1e-5 or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import random
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
@@ -24,7 +25,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
-from minisgl.message import decode, encode  # noqa: E402
+from minisgl.message import UserMsg, decode, encode  # noqa: E402
 from minisgl.structured import (JSON_OBJECT_SCHEMA, Grammar, GrammarBackend, allocate_vocab_mask,  # noqa: E402
                                 apply_vocab_mask, check_grammar, fill_vocab_mask, unpack_vocab_mask)
 from minisgl.utils.hf import load_tokenizer, qwen3_tokenizer_dir  # noqa: E402
@@ -220,6 +221,9 @@ def test_compiled_once_per_spec_lru(smollm2) -> None:
     ("regex", "((", "parenthesis is not closed"),
     ("ebnf", "root ::= foo", 'Rule "foo" is not defined'),
     ("xml", "<a/>", "unknown grammar kind 'xml'"),
+    ("regex", "[^\\s\\S]", "no output can satisfy it"),  # 空的字符类：第一步一个 token 也不放行
+    ("ebnf", 'root ::= root "x"', "no output can satisfy it"),  # 只能无穷地往左递归
+    ("json_schema", '{"anyOf": []}', "anyOf at # has no branches"),
 ])
 def test_bad_specs_raise_value_error_naming_them(vocab: Vocab, kind: str, spec: str, reason: str) -> None:
     """编译不了的 spec：check_grammar（不用分词器）和 compile 都抛 ValueError，信息以 kind=spec 开头、说明原因。"""
@@ -228,6 +232,70 @@ def test_bad_specs_raise_value_error_naming_them(vocab: Vocab, kind: str, spec: 
             call(kind, spec)
         assert reason in str(e.value)
         assert kind == "xml" or str(e.value).startswith(f"{kind}={spec!r}")
+
+A_INT, B_INT = ({"type": "object", "properties": {k: {"type": "integer"}}, "required": [k]} for k in "ab")
+UNENFORCED = [  # (schema, 违反它、xgrammar 的文法却接受的实例, 报错里的话)
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [1, 1], "uniqueItems at # is not supported"),
+    ({"type": "object", "properties": {"c": {"type": "array", "items": {"enum": ["x", "y"]}, "uniqueItems": True}},
+      "required": ["c"]}, {"c": ["x", "x"]}, "uniqueItems at #/properties/c is not supported"),
+    ({"allOf": [A_INT, B_INT]}, {"a": 1}, "allOf at # has 2 branches"),
+    ({"type": "string", "not": {"const": "x"}}, "x", "not at # is not supported"),
+    ({"type": "integer", "if": {"minimum": 5}, "then": {"maximum": 6}}, 9, "if at # is not supported"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentRequired": {"a": ["b"]}}, {"a": 1}, "dependentRequired at # is not supported"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentSchemas": {"a": {"required": ["b"]}}}, {"a": 1}, "dependentSchemas at # is not supported"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1, "oneOf at # is not supported"),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, [1], "contains at # is not supported"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, {"a": 1},
+     "required at # lists 'b', which is not under properties"),
+    ({"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 5}]}, 5, "type at # is ignored next to anyOf"),
+    ({"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 1}, "abc",
+     "maxLength at # is ignored next to $ref"),
+    ({"enum": ["a", 1], "type": "string"}, 1, "type at # is ignored next to enum"),
+    ({"type": "object", "properties": {"n": {"maxLength": 2}}, "required": ["n"]}, {"n": "abc"},
+     "maxLength at #/properties/n needs a type"),
+    ({"type": "number", "multipleOf": 0.5}, 0.3, "multipleOf at # is supported only for type integer"),
+    ({"type": "string", "format": "regex"}, "((", "format 'regex' at # is not supported"),
+]
+
+@pytest.mark.parametrize("schema, instance, reason", UNENFORCED)
+def test_schema_keywords_xgrammar_cannot_enforce_are_refused(vocab: Vocab, schema: dict, instance: Any,
+                                                              reason: str) -> None:
+    """xgrammar 保证不了的关键字：它编出来的文法接受一个违反 schema 的实例——这就是要拒绝的原因；check_grammar 和
+    compile 都抛 ValueError，说出关键字和位置。"""
+    spec = json.dumps(schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(instance, schema, format_checker=jsonschema.FormatChecker())
+    compiled = xgr.GrammarCompiler(vocab.backend.info, max_threads=1).compile_json_schema(spec, any_whitespace=False)
+    matcher = xgr.GrammarMatcher(compiled)
+    assert matcher.accept_string(json.dumps(instance)) and matcher.is_completed(), "xgrammar enforces it now"
+    for call in (check_grammar, vocab.backend.compile):
+        with pytest.raises(ValueError) as e:
+            call("json_schema", spec)
+        assert str(e.value).startswith(f"json_schema={spec!r}: {reason}"), str(e.value)
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "integer"}, "uniqueItems": False},
+    {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "null"}], "title": "T", "description": "d", "default": None},
+    {"$defs": {"c": {"enum": ["r", "g"]}}, "type": "object", "properties": {"c": {"$ref": "#/$defs/c"}},
+     "required": ["c"], "additionalProperties": False},
+    {"type": "object", "properties": {"a/b": {"type": "string", "enum": ["x"]}}, "required": ["a/b"]},
+])
+def test_schemas_without_such_keywords_pass(vocab: Vocab, schema: dict) -> None:
+    """只用 xgrammar 保证得了的关键字（注解、$ref、anyOf、枚举……）：两处检查都放行，随机模型的输出通过校验。"""
+    spec = json.dumps(schema)
+    check_grammar("json_schema", spec)
+    jsonschema.validate(json.loads(generate(vocab, vocab.backend.grammar("json_schema", spec), 0, 4.0)), schema)
+
+def test_is_dead_after_a_branch_that_cannot_finish(vocab: Vocab) -> None:
+    """x|ab[^\\s\\S]：能开头（check_grammar 放行），写完 ab 之后一个 token 也不放行——is_dead；走完的语法不算。"""
+    check_grammar("regex", "x|ab[^\\s\\S]")
+    g = vocab.backend.grammar("regex", "x|ab[^\\s\\S]")
+    a, b, x = (vocab.tokenizer.encode(c, add_special_tokens=False)[0] for c in "abx")
+    assert not g.is_dead and g.accept(a) and not g.is_dead and g.accept(b) and g.is_dead
+    done = vocab.backend.grammar("regex", "x|ab[^\\s\\S]")
+    assert done.accept(x) and done.accept(vocab.backend.stop_token_ids[0]) and not done.is_dead
 
 def test_fill_vocab_mask_rows(vocab: Vocab) -> None:
     """批里的每一行：没有语法的、语法已走完的全是 1；受约束的行只允许语法给的；全都不受约束时返回 False。"""
@@ -421,6 +489,150 @@ def test_bad_spec_aborts_only_its_request(tiny_qwen3) -> None:
     sp = SamplingParams(json_schema=json.dumps(PERSON), max_tokens=3)
     assert decode(encode(sp)) == sp and decode(encode(sp)).grammar == ("json_schema", json.dumps(PERSON))
 
+def test_dead_end_ends_with_length_and_a_warning(tiny_qwen3, monkeypatch) -> None:
+    """正则 ab[^\\s\\S] 能开头、永远写不完：写完 ab 之后掩码全是 0。请求以 length 结束（输出是语法接受过的前缀 ab，
+    最后带一个不显示的结束符），日志里是一条警告、不是错误；同一批里的别的请求照常。连第一个 token 都不放行的
+    [^\\s\\S]：编译时就拒绝，以 abort 结束、不生成 token。重叠开、关都一样。"""
+    import minisgl.scheduler.scheduler as scheduler
+
+    logged: Dict[str, List[str]] = {"warning": [], "error": []}
+    for level in logged:
+        monkeypatch.setattr(scheduler.logger, level, lambda msg, _l=level: logged[_l].append(msg))
+    params = [SamplingParams(max_tokens=10, regex="ab[^\\s\\S]"), SamplingParams(max_tokens=8, regex="[a-c]+"),
+              SamplingParams(max_tokens=10, regex="[^\\s\\S]")]
+    for overlap in (True, False):
+        llm = LLM(tiny_qwen3, device="cpu", num_pages=512, max_seq_len_override=128, enable_overlap=overlap)
+        try:
+            dead, good, never = llm.generate(["x", "y", "z"], params, use_tqdm=False)
+            assert (dead["text"], dead["finish_reason"]) == ("ab", "length"), dead
+            assert dead["token_ids"][-1] in llm.grammar_backend.stop_token_ids
+            assert re.fullmatch("[a-c]+", good["text"]) and good["finish_reason"] == "length"
+            assert (never["finish_reason"], never["token_ids"]) == ("abort", [])
+            assert not llm.grammars and llm.table.num_free == llm.config.max_running_req
+            llm.cache.check_integrity()
+        finally:
+            llm.shutdown()
+    assert not logged["error"], logged
+    assert sum("allows no next token" in m for m in logged["warning"]) == 2, logged
+    assert sum("no output can satisfy it" in m for m in logged["warning"]) == 2, logged
+
+class Gate:
+    """让编译停在半路：entered 表示编译已经开始，open 之前它不往下走。"""
+
+    def __init__(self) -> None:
+        self.entered, self.open = threading.Event(), threading.Event()
+
+def test_slow_compile_does_not_stall_other_requests(tiny_qwen3, checker: GrammarBackend, monkeypatch) -> None:
+    """语法在编译线程里编译：一个编译得很慢的 schema（这里让它一直等到别的请求开始最后一步）不耽误别的请求——它们
+    一步步照常走完，它编译好了才进等待队列，输出照常合乎 schema。编译中途中止：立刻 abort，不占槽和页，编译照样做完、
+    进缓存。关掉调度器：排队的编译取消，正在做的做完。"""
+    gates: Dict[str, Gate] = {}
+    compile_ = GrammarBackend.compile
+
+    def gated(self, kind: str, spec: str):
+        if spec in gates:
+            gates[spec].entered.set()
+            assert gates[spec].open.wait(20), "the compile waited for steps that never came"
+        return compile_(self, kind, spec)
+
+    monkeypatch.setattr(GrammarBackend, "compile", gated)
+    llm = LLM(tiny_qwen3, device="cpu", num_pages=512, max_seq_len_override=256)
+    steps: List[List[int]] = []
+    launch = llm.launch
+    slow = json.dumps(PERSON)
+    gates[slow] = Gate()
+
+    def spy(batch, last=None):
+        steps.append([r.uid for r in batch.reqs])
+        if sum(1 in s for s in steps) == 12:  # 不受约束的请求（uid 1，12 个 token）的最后一步：放行编译
+            gates[slow].open.set()
+        return launch(batch, last)
+
+    llm.launch = spy
+    try:
+        params = [SamplingParams(max_tokens=200, json_schema=slow), SamplingParams(max_tokens=12, ignore_eos=True)]
+        constrained, free = llm.generate(["Person:", "free"], params, use_tqdm=False)
+        first = min(i for i, s in enumerate(steps) if 0 in s)
+        assert steps[0] == [1] and all(1 not in s for s in steps[first:]), steps  # 编译期间 uid 1 走完了 12 步
+        assert free["finish_reason"] == "length" and len(free["token_ids"]) == 12
+        assert constrained["finish_reason"] == "stop"
+        check_output(checker, params[0], constrained)
+
+        other = json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 2})
+        gates[other] = Gate()
+        llm._outputs[100] = []
+        llm.receive_msg(UserMsg(100, torch.tensor([1, 2, 3], dtype=torch.int32),
+                                SamplingParams(max_tokens=8, json_schema=other)))
+        assert gates[other].entered.wait(20)
+        assert llm.has_work and not llm.prefill.pending and llm.table.num_free == llm.config.max_running_req
+        llm.abort_request(100)
+        assert llm._done.pop(100) == "abort" and llm._outputs.pop(100) == [] and not llm.has_work
+        gates[other].open.set()
+        llm._compile_pool.submit(lambda: None).result(timeout=30)  # 编译线程把手上的做完
+        assert llm.grammar_backend.cached("json_schema", other) is not None and not llm.grammars
+
+        blocked, queued = (json.dumps({"enum": [i]}) for i in (1, 2))
+        gates[blocked] = Gate()
+        for uid, spec in [(101, blocked), (102, queued)]:
+            llm.receive_msg(UserMsg(uid, torch.tensor([1, 2], dtype=torch.int32), SamplingParams(json_schema=spec)))
+        assert gates[blocked].entered.wait(20)
+        futures = [future for _, future in llm._compiling.values()]
+        llm.shutdown()
+        assert futures[1].cancelled() and not llm._compiling and not llm.has_work
+        gates[blocked].open.set()
+        futures[0].result(timeout=30)  # 正在编译的那一个做完，编译线程随后退出
+    finally:
+        for gate in gates.values():
+            gate.open.set()
+        llm.shutdown()
+
+def _slow_rank1_main(config, ack) -> None:
+    """TP=2 的调度器进程（spawn 按名字导入本模块）：rank 1 每个 spec 多编译 0.5 秒，两个 rank 在不同的步里编译好。"""
+    import test_ch14_multiprocess as ch14
+
+    if config.tp_info.rank == 1:
+        compile_ = GrammarBackend.compile
+
+        def slow(self, kind: str, spec: str):
+            time.sleep(0.5)
+            return compile_(self, kind, spec)
+
+        GrammarBackend.compile = slow
+    ch14._rank_main(config, ack)
+
+def test_tp2_ranks_admit_a_grammar_in_the_same_step(tiny_qwen3, checker: GrammarBackend, monkeypatch) -> None:
+    """TP=2 的两个调度器进程，rank 1 编译得慢：每一步只放行两个 rank 都编译好了的请求，两边的批一样——受约束和不受约束
+    的请求都与离线的 TP=1 逐 token 相同，两个 rank 收到的消息相同。"""
+    import test_ch14_multiprocess as ch14
+
+    person, pair = json.dumps(PERSON), json.dumps({"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3})
+    prompts = [[100 + i, 7, 8, 9] for i in range(5)]
+    params = [SamplingParams(max_tokens=16, ignore_eos=True), SamplingParams(max_tokens=200, json_schema=person),
+              SamplingParams(max_tokens=30, regex=PHONE), SamplingParams(max_tokens=200, json_schema=person),
+              SamplingParams(max_tokens=100, json_schema=pair)]
+    llm = LLM(tiny_qwen3, **ch14.SMALL)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for sp, out in zip(params[1:], outs[1:]):
+        check_output(checker, sp, out)
+    monkeypatch.setattr(ch14, "_rank_main", _slow_rank1_main)  # Harness 用它作 spawn 的入口
+    h = ch14.Harness(tiny_qwen3, 2)
+    try:
+        assert h.ack.get(timeout=120) == "Scheduler is ready"
+        for uid in range(5):
+            if uid == 4:
+                h.collect()  # 已经有请求在生成：最后一个在它们运行中途到达
+            h.tokens[uid] = []
+            h.send.put(UserMsg(uid, torch.tensor(prompts[uid], dtype=torch.int32), params[uid]))
+        h.wait(range(5))
+        assert [(h.tokens[u], h.done[u]) for u in range(5)] == [(o["token_ids"], o["finish_reason"]) for o in outs]
+        reports = h.exit()
+        assert [r[0] for r in reports] == [0, 1] and reports[0][1:] == reports[1][1:], reports
+    finally:
+        h.close()
+
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3, tmp_path_factory) -> Iterator[Tuple[int, Path]]:
@@ -511,6 +723,14 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
             "response_format.json_schema.schema: Field required"),
            ({"response_format": {"type": "xml"}}, "response_format", "response_format.type"),
+           ({"response_format": schema_format({"type": "array", "uniqueItems": True})}, "response_format",
+            "': uniqueItems at # is not supported: the output could repeat items"),
+           ({"response_format": schema_format({"oneOf": [{"type": "integer"}, {"type": "number"}]})}, "response_format",
+            "oneOf at # is not supported: exactly one branch matching cannot be enforced; use anyOf"),
+           ({"response_format": schema_format({"type": "object", "properties": {}, "required": ["age"]})},
+            "response_format", "required at # lists 'age', which is not under properties"),
+           ({"response_format": schema_format({"anyOf": []})}, "response_format", "anyOf at # has no branches"),
+           ({"regex": "[^\\s\\S]"}, "regex", "regex='[^\\\\s\\\\S]': no output can satisfy it"),
            ({"regex": "(("}, "regex", "regex='((': Regex parsing error"),
            ({"regex": ""}, "regex", "regex='' must be a non-empty string"),
            ({"ebnf": "root ::= foo"}, "ebnf", 'Rule "foo" is not defined'),
@@ -522,12 +742,17 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
                 create(model="m", max_tokens=8, extra_body=body, **kwargs)
             assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
             assert message in e.value.body["message"], e.value.body
+    for create, kwargs in [(c.chat.completions.create, {"messages": chat}),  # 能开头、写完 ab 就无路可走
+                           (c.completions.create, {"prompt": "x"})]:
+        r = create(model="m", max_tokens=8, temperature=0, extra_body={"regex": "ab[^\\s\\S]"}, **kwargs).choices[0]
+        assert (getattr(r, "text", None) or r.message.content, r.finish_reason) == ("ab", "length")
     t0 = time.monotonic()
     while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
         assert time.monotonic() - t0 < 5, m
         time.sleep(0.05)
     text = log.read_text()
     assert "refused" not in text and "outside its grammar" not in text
+    assert text.count("allows no next token") == 2
 
 
 @pytest.mark.gpu

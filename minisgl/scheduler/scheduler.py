@@ -1,10 +1,13 @@
 # Tangled from book/chapters/ch09_continuous_batching.ipynb and ch10_chunked_prefill.ipynb and ch11_overlap.ipynb and ch17_structured.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
-from typing import Dict, List, NamedTuple, Set
+from typing import Dict, List, NamedTuple, Set, Tuple
 
 import torch
+import torch.distributed as dist
 
 from minisgl.core import Batch, Req
 from minisgl.engine import Engine, ForwardOutput, LogprobsOutput
@@ -21,6 +24,8 @@ from .table import TableManager
 from .utils import PendingReq, eos_token_ids, num_outputs
 
 logger = init_logger(__name__)
+
+GRAMMAR_POLL_S = 0.005  # 附录：只剩语法还在编译的请求时，每次最多等这么久就回去收消息
 
 
 def schedule_policy(prefill: PrefillManager, decode: DecodeManager, cache: CacheManager,
@@ -76,7 +81,11 @@ class Scheduler(SchedulerIOMixin):
         self.exiting = False
         # 附录·结构化输出：受约束的请求各有一个语法状态（uid → Grammar，撤回时留着）；后端和掩码第一次用到时才建
         self.grammars: Dict[int, Grammar] = {}
+        # 语法还在编译的请求：uid → (请求, 编译结果的 future)，按到达的先后。编译好了才进等待队列，不占槽和页
+        self._compiling: Dict[int, Tuple[PendingReq, Future]] = {}
+        self._compile_pool: ThreadPoolExecutor | None = None  # 编译线程：第一个要编译的 spec 来时才建
         self._grammar_backend: GrammarBackend | None = None
+        self._backend_lock = threading.Lock()  # 后端多半在编译线程里建，别处（基准测试）也可能要：只建一次
         self._mask_host: torch.Tensor | None = None  # [R, W] int32：CPU 上填（GPU 时是 pinned 内存）
         self._mask_device: torch.Tensor | None = None  # [R, W] int32：logits 所在的设备上
         if config.zmq_backend_addr is not None:  # 第 14 章：服务进程，消息经 ZMQ 收发
@@ -97,26 +106,64 @@ class Scheduler(SchedulerIOMixin):
             raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
 
     def add_request(self, msg: UserMsg) -> None:
-        """检查一个新请求放不放得下；放得下就排队，否则立刻以 abort 结束它（绝不让它在队列里挂起）。"""
+        """检查一个新请求放不放得下；放得下就排队，否则立刻以 abort 结束它（绝不让它在队列里挂起）。
+        受约束的请求先交给编译线程，语法编译好了才排队（_admit_compiled）：调度循环不等编译。"""
         n, sp = len(msg.input_ids), msg.sampling_params
-        error = None
-        if n == 0:
-            error = "the prompt is empty"
-        elif n >= self.engine.max_seq_len:
-            error = f"the prompt has {n} tokens; this server takes at most {self.engine.max_seq_len - 1}"
-        elif sp.grammar is not None:  # 收请求时编译（同一个 spec 只编译一次）：编译不了就中止，说明原因
-            try:
-                self.grammars[msg.uid] = self.grammar_backend.grammar(*sp.grammar)
-            except (ValueError, ImportError) as e:
-                error = str(e)
-        if error:
-            logger.warning(f"request {msg.uid} refused: {error}")
-            self.send_result([DetokenizeMsg(msg.uid, -1, True, "abort")])
+        if n == 0 or n >= self.engine.max_seq_len:
+            self._refuse(msg.uid, "the prompt is empty" if n == 0 else
+                         f"the prompt has {n} tokens; this server takes at most {self.engine.max_seq_len - 1}")
             return
         left = self.engine.max_seq_len - n  # 引擎保证池子装得下一个 max_seq_len 的请求
         if sp.max_tokens is None or sp.max_tokens > left:  # 没给：生成到上下文用完；给多了：截到上限
             sp = replace(sp, max_tokens=left)
-        self.prefill.add(PendingReq(msg.uid, msg.input_ids, sp))
+        req = PendingReq(msg.uid, msg.input_ids, sp)
+        if sp.grammar is None:
+            self.prefill.add(req)
+        else:
+            self._compiling[msg.uid] = (req, self._compile_grammar(*sp.grammar))
+
+    def _refuse(self, uid: int, error: str) -> None:
+        logger.warning(f"request {uid} refused: {error}")
+        self.send_result([DetokenizeMsg(uid, -1, True, "abort")])
+
+    def _compile_grammar(self, kind: str, spec: str) -> Future:
+        """(kind, spec) 编译结果的 future。缓存里有：一个已经完成的 future，不排在别的编译后面；没有：交给编译线程。
+        只开一个编译线程（xgrammar 编译一个 spec 时自己就用好几个线程）；同一个 spec 排了两次，第二次在那里命中缓存。"""
+        backend = self._grammar_backend
+        compiled = backend.cached(kind, spec) if backend is not None else None
+        if compiled is not None:
+            done: Future = Future()
+            done.set_result(compiled)
+            return done
+        if self._compile_pool is None:
+            self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
+        return self._compile_pool.submit(lambda: self.grammar_backend.compile(kind, spec))
+
+    def _admit_compiled(self) -> None:
+        """语法编译好了的请求进等待队列（按到达的先后），编译不了的以 abort 结束；还在编译的下一步再看，不等。
+        TP 下各 rank 的编译线程快慢不一：只放行在每个 rank 上都编译好了的，各 rank 的批才一样。"""
+        if not self._compiling:
+            return
+        ready = [future.done() for _, future in self._compiling.values()]
+        if self.config.tp_info.size > 1:
+            ready = self._ready_on_all_ranks(ready)
+        for uid, ok in zip(list(self._compiling), ready):
+            if not ok:
+                continue
+            req, future = self._compiling.pop(uid)
+            try:
+                self.grammars[uid] = Grammar(future.result())
+            except (ValueError, ImportError) as e:  # 编译不了（API 已经挡住了，离线的 LLM 才会送来）、没装 xgrammar
+                self._refuse(uid, str(e))
+                continue
+            self.prefill.add(req)
+
+    def _ready_on_all_ranks(self, ready: List[bool]) -> List[bool]:
+        """各 rank 收到的消息一样，_compiling 也一样：按位取最小，就是在所有 rank 上都编译好了的。"""
+        assert self._cpu_group is not None, "a TP scheduler exchanges grammar readiness over its gloo group"
+        flags = torch.tensor(ready, dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self._cpu_group)
+        return [bool(f) for f in flags.tolist()]
 
     def forget_in_flight(self) -> None:
         """一步算到半路抛了异常（显存不够、bug）之后调用：飞行中的那一步不会再有结果了，等着它的延迟释放现在就做。
@@ -129,6 +176,11 @@ class Scheduler(SchedulerIOMixin):
     def abort_request(self, uid: int) -> None:
         """在任何状态下中止一个请求：排队中（包括被撤回的）、分块预填充中、decode 中、在飞行中的那一步里。
         资源只释放一次。"""
+        compiling = self._compiling.pop(uid, None)
+        if compiling is not None:  # 语法还在编译：还没占任何资源。还在排队的编译不做了，在做的做完（结果照样进缓存）
+            compiling[1].cancel()
+            self.send_result([DetokenizeMsg(uid, -1, True, "abort")])
+            return
         if self.prefill.abort(uid):
             self._first_hit.pop(uid, None)
             self.grammars.pop(uid, None)
@@ -142,6 +194,7 @@ class Scheduler(SchedulerIOMixin):
 
     # ------------------------------------------------------------------ 一步
     def schedule_next_batch(self) -> Batch | None:
+        self._admit_compiled()
         retracted = self.make_room()
         batch = schedule_policy(self.prefill, self.decode, self.cache, self.config.max_extend_tokens, not retracted)
         if batch is not None and batch.is_prefill:
@@ -213,12 +266,13 @@ class Scheduler(SchedulerIOMixin):
     def grammar_backend(self) -> GrammarBackend:
         """第一个受约束的请求来时才建：读分词器每个 token 的字节要零点几秒到一秒（Qwen3 0.8 秒），不用结构化输出的服务不付这个钱。
         放行的结束符就是调度器认的 eos：语法放行的，调度器也认它是结束。"""
-        if self._grammar_backend is None:
-            from minisgl.utils.hf import load_tokenizer
+        with self._backend_lock:
+            if self._grammar_backend is None:
+                from minisgl.utils.hf import load_tokenizer
 
-            self._grammar_backend = GrammarBackend(load_tokenizer(self.config.model_path),
-                                                   self.engine.model_config.vocab_size, self.eos_ids)
-        return self._grammar_backend
+                self._grammar_backend = GrammarBackend(load_tokenizer(self.config.model_path),
+                                                       self.engine.model_config.vocab_size, self.eos_ids)
+            return self._grammar_backend
 
     def _vocab_mask(self, rows: List[Grammar | None]) -> torch.Tensor:
         """这一批的掩码 [B, W]，在 logits 的设备上。CPU 上填一块常驻的缓冲区，GPU 上再 non_blocking 地拷过去：
@@ -254,11 +308,8 @@ class Scheduler(SchedulerIOMixin):
             if self.running.get(req.uid) is not req or not has_token:
                 continue
             grammar = self.grammars.get(req.uid)
-            if grammar is not None and not grammar.accept(token):  # 掩码盖好了就不会发生：是 bug，只中止这一个请求
-                logger.error(f"request {req.uid}: token {token} was sampled outside its grammar's mask; "
-                             f"aborting the request")
-                self._finish(req)
-                replies.append(DetokenizeMsg(req.uid, -1, True, "abort"))
+            if grammar is not None and not grammar.accept(token):
+                replies.append(self._grammar_refused(req, grammar, token))
                 continue
             req.append_host(token)
             reason = self._finish_reason(req, token)
@@ -270,6 +321,19 @@ class Scheduler(SchedulerIOMixin):
                 self.decode.add(req)
         if replies:
             self.send_result(replies)
+
+    def _grammar_refused(self, req: Req, grammar: Grammar, token: int) -> DetokenizeMsg:
+        """语法不接受采到的 token，结束这个请求。语法走进了死路（掩码全是 0，采到的 token 是随便哪个）：警告，以 length
+        结束——输出是语法接受过的前缀、不完整，和 max_tokens 用完时一样；这条消息带上结束符（解码时跳过，文字不变）。
+        否则是掩码的 bug：报错，只中止这一个请求。"""
+        dead = grammar.is_dead
+        self._finish(req)
+        if dead:
+            logger.warning(f"request {req.uid}: after {num_outputs(req)} tokens its grammar allows no next token "
+                           f"(the output took a branch that can never be completed); ending it with 'length'")
+            return DetokenizeMsg(req.uid, self.grammar_backend.stop_token_ids[0], True, "length")
+        logger.error(f"request {req.uid}: token {token} was sampled outside its grammar's mask; aborting the request")
+        return DetokenizeMsg(req.uid, -1, True, "abort")
 
     def step(self) -> bool:
         """不重叠的一步：挑批、前向、处理结果。没有事可做时返回 False。"""
@@ -299,11 +363,17 @@ class Scheduler(SchedulerIOMixin):
         self.process(last)
 
     def run_step(self) -> bool:
-        return self.overlap_step() if self.config.enable_overlap else self.step()
+        """跑一步。没有批可跑、只剩语法还在编译的请求时，等一小会儿编译（不空转），仍然返回 True：事情还没做完。"""
+        if self.overlap_step() if self.config.enable_overlap else self.step():
+            return True
+        if not self._compiling:
+            return False
+        wait([future for _, future in self._compiling.values()], GRAMMAR_POLL_S, FIRST_COMPLETED)
+        return True
 
     @property
     def has_work(self) -> bool:
-        return bool(self.prefill.pending or self.prefill.chunked or self.running or self._last)
+        return bool(self.prefill.pending or self.prefill.chunked or self.running or self._last or self._compiling)
 
     # ------------------------------------------------------------------ 结束、撤回与释放
     def _finish_reason(self, req: Req, token: int) -> str | None:
@@ -345,6 +415,10 @@ class Scheduler(SchedulerIOMixin):
         self.table.free(req.table_idx)
 
     def shutdown(self) -> None:
+        """附录：还在编译的请求不要了；排队的编译取消，正在做的那一个做完，编译线程就退出（C++ 里的编译没法从外面打断）。"""
+        self._compiling.clear()
+        if self._compile_pool is not None:
+            self._compile_pool.shutdown(wait=False, cancel_futures=True)
         self.engine.shutdown()
 
 

@@ -350,8 +350,9 @@ _SAMPLING_FIELDS = ("top_p", "seed", "presence_penalty", "frequency_penalty", "l
                     "repetition_penalty", "ignore_eos", "stop_token_ids")
 
 def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesRequest, max_tokens: int | None,
-                     top_logprobs: int | None, vocab_size: int) -> SamplingParams:
-    """请求 → SamplingParams（检查由它做）。top_logprobs=None：不要 logprobs。"""
+                     top_logprobs: int | None, vocab_size: int, max_tokens_param: str = "max_tokens") -> SamplingParams:
+    """请求 → SamplingParams（检查由它做）。top_logprobs=None：不要 logprobs。max_tokens_param：客户端给上限用的
+    字段名（max_completion_tokens、max_output_tokens），错误里写它，而不是客户端没发过的 max_tokens。"""
     if not 1 <= getattr(req, "n", 1) <= 128:
         raise APIError(400, f"n={getattr(req, 'n')} is invalid: it must be in 1..128", param="n")
     for key in getattr(req, "logit_bias", None) or {}:
@@ -367,7 +368,8 @@ def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesR
     try:
         sp = SamplingParams(**kwargs)
     except ValueError as e:  # SamplingParams 的错误以字段名开头："top_p=0 must be in (0, 1]"
-        raise APIError(400, str(e), param=str(e).split("=")[0]) from None
+        message = re.sub(r"^max_tokens=", f"{max_tokens_param}=", str(e))
+        raise APIError(400, message, param=message.split("=")[0]) from None
     if sp.grammar is not None:  # 坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它
         try:
             _check_grammar(*sp.grammar)
@@ -400,11 +402,17 @@ def _grammar(req: Any) -> Tuple[str | None, Dict[str, str]]:
 
 @functools.lru_cache(maxsize=1024)
 def _check_grammar(kind: str, spec: str) -> None:
-    """check_grammar（不用分词器，毫秒级），记住通过了的 spec：同一个 schema 反复来，只查一次。"""
+    """check_grammar（在逐字节的小词表上编译，常见的 schema 几毫秒），记住通过了的 spec：同一个 schema 反复来，只查一次。"""
     check_grammar(kind, spec)
 
+MAX_STOP = 16  # OpenAI 收至多 4 个；多几个无妨，可 detokenizer 每个 token 都要把每个 stop 字符串找一遍
+
+
 def _stop(req: ChatCompletionRequest | CompletionRequest) -> List[str]:
-    return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stops) > MAX_STOP:
+        raise APIError(400, f"stop has {len(stops)} strings; at most {MAX_STOP} are allowed", param="stop")
+    return stops
 
 def _check_stream_options(req: ChatCompletionRequest | CompletionRequest) -> None:
     if req.stream_options is not None and not req.stream:
@@ -590,7 +598,8 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
+    sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size,
+                          max_tokens_param=_max_tokens_param(req))
     return await _generate(req, request, [text], sp, chat=True)
 
 @app.post("/v1/completions")
@@ -626,6 +635,10 @@ def _prompts(prompt: str | List[str] | List[int] | List[List[int]], vocab_size: 
                            param="prompt")
     return prompts
 
+def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest) -> str:
+    """客户端用哪个字段给的输出上限：新版对话接口是 max_completion_tokens。"""
+    return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+
 async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Request,
                     prompts: List[Any], sp: SamplingParams, chat: bool):
     """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。"""
@@ -639,7 +652,8 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
         sp_j = sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j) % 2**63)
         await state.send_one(TokenizeMsg(uid=uid, text=prompts[p], sampling_params=sp_j, chat_options=options,
                                          stop=_stop(req)))
-    await state.first_replies(uids, param="messages" if chat else "prompt")
+    await state.until_disconnected(state.first_replies(uids, param="messages" if chat else "prompt",
+                                                       max_tokens_param=_max_tokens_param(req)), uids, request)
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uids[0]}", "created": int(time.time()),
             "model": state.config.served_model_name}
     top = (req.top_logprobs or 0) if isinstance(req, ChatCompletionRequest) else (req.logprobs or 0)

@@ -1,14 +1,18 @@
 # Tangled from book/chapters/ch17_structured.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Sequence, Tuple, TypeVar
 
 import torch
 
 from minisgl.utils import cpu_cores, init_logger
+
+from .mask import allocate_vocab_mask, unpack_vocab_mask
 
 if TYPE_CHECKING:
     import xgrammar
@@ -24,8 +28,11 @@ T = TypeVar("T")
 class Grammar:
     """一个请求的语法状态：xgrammar 的 GrammarMatcher 走到了哪里。"""
 
-    def __init__(self, matcher: xgrammar.GrammarMatcher) -> None:
-        self.matcher = matcher
+    def __init__(self, compiled: xgrammar.CompiledGrammar) -> None:
+        import xgrammar as xgr
+
+        self.matcher = xgr.GrammarMatcher(compiled)  # 从头开始：编译结果大家共享，走到哪里是每个请求自己的
+        self.vocab_size = compiled.tokenizer_info.vocab_size
 
     def fill(self, mask: torch.Tensor, row: int) -> None:
         """mask[row] ← 下一个 token 的允许集合（mask: [B, W] int32，CPU）。不改变状态。"""
@@ -39,6 +46,16 @@ class Grammar:
     def is_terminated(self) -> bool:
         """语法走完、并且吃进了结束符：这个请求以 "stop" 结束。"""
         return self.matcher.is_terminated()
+
+    @property
+    def is_dead(self) -> bool:
+        """没走完，却没有一个 token 能接：输出走进了语法里一条走不到头的路（比如正则 x|ab[^\\s\\S] 写完 ab）。
+        要填一行掩码：只在 accept 失败之后查。"""
+        if self.is_terminated:
+            return False
+        mask = allocate_vocab_mask(1, self.vocab_size)
+        self.fill(mask, 0)
+        return not bool(mask.any())
 
 
 BATCH_FILL_MIN_ROWS = 64  # 受约束的行至少这么多才分给线程：分派本身约 0.3 ms（bench_structured.py 的 fill 表）
@@ -86,23 +103,33 @@ class GrammarBackend:
         self.batch = xgr.BatchGrammarMatcher(max_threads=self.batch_threads)  # 一批的掩码分给几个线程填
         self.vocab_size, self.cache_size = vocab_size, cache_size
         self._cache: OrderedDict[GrammarKey, xgrammar.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()  # 缓存只在锁里读写：调度器的线程查缓存，编译线程写缓存
         self.hits = self.misses = 0
 
     @property
     def stop_token_ids(self) -> List[int]:
         return list(self.info.stop_token_ids)
 
-    def compile(self, kind: str, spec: str) -> xgrammar.CompiledGrammar:
-        """同一个 (kind, spec) 只编译一次；编译不了时抛 ValueError（信息以 kind=spec 开头）。"""
+    def cached(self, kind: str, spec: str) -> xgrammar.CompiledGrammar | None:
+        """缓存里有就拿（算一次命中）；没有返回 None，不编译。"""
         key = (kind, spec)
-        compiled = self._cache.get(key)
-        if compiled is not None:
-            self._cache.move_to_end(key)
-            self.hits += 1
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
             return compiled
-        self.misses += 1
+
+    def compile(self, kind: str, spec: str) -> xgrammar.CompiledGrammar:
+        """同一个 (kind, spec) 只编译一次。编译不了、schema 里有保证不了的关键字、编出来的语法连第一个 token 都不放行：
+        抛 ValueError（信息以 kind=spec 开头）。可以在别的线程里调用：编译本身在锁外。"""
+        compiled = self.cached(kind, spec)
+        if compiled is not None:
+            return compiled
+        with self._lock:
+            self.misses += 1
         if kind == "json_schema":
-            _parse_json(spec)
+            _check_schema(spec)
             compiled = _convert(kind, spec, lambda: self.compiler.compile_json_schema(spec, any_whitespace=False))
         elif kind == "regex":
             compiled = _convert(kind, spec, lambda: self.compiler.compile_regex(spec))
@@ -110,36 +137,165 @@ class GrammarBackend:
             compiled = _convert(kind, spec, lambda: self.compiler.compile_grammar(spec))
         else:
             raise ValueError(f"unknown grammar kind {kind!r}; expected one of {GRAMMAR_KINDS}")
-        self._cache[key] = compiled
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)  # 最久没用的
+        _check_can_start(kind, spec, compiled)
+        with self._lock:
+            self._cache[(kind, spec)] = compiled
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)  # 最久没用的
         return compiled
 
     def grammar(self, kind: str, spec: str) -> Grammar:
         """一个新请求的语法状态，从头开始：编译结果大家共享，走到哪里是每个请求自己的。"""
-        import xgrammar as xgr
-
-        return Grammar(xgr.GrammarMatcher(self.compile(kind, spec)))
+        return Grammar(self.compile(kind, spec))
 
 
 def check_grammar(kind: str, spec: str) -> None:
-    """不用分词器的检查（收请求时用）：spec 能不能变成语法；不能就抛 ValueError，信息以 kind=spec 开头。"""
-    import xgrammar as xgr
-
+    """不用模型分词器的检查（收请求时用）：spec 能不能变成语法、JSON Schema 里有没有 xgrammar 保证不了的关键字、
+    语法能不能开头；不行就抛 ValueError，信息以 kind=spec 开头。"""
+    compiler = _byte_compiler()
     if kind == "json_schema":
-        _parse_json(spec)
-        _convert(kind, spec, lambda: xgr.Grammar.from_json_schema(spec, any_whitespace=False))
+        _check_schema(spec)
+        compiled = _convert(kind, spec, lambda: compiler.compile_json_schema(spec, any_whitespace=False))
     elif kind == "regex":
-        _convert(kind, spec, lambda: xgr.Grammar.from_regex(spec))
+        compiled = _convert(kind, spec, lambda: compiler.compile_regex(spec))
     elif kind == "ebnf":
-        _convert(kind, spec, lambda: xgr.Grammar.from_ebnf(spec))
+        compiled = _convert(kind, spec, lambda: compiler.compile_grammar(spec))
     else:
         raise ValueError(f"unknown grammar kind {kind!r}; expected one of {GRAMMAR_KINDS}")
+    _check_can_start(kind, spec, compiled)
 
 
-def _parse_json(spec: str) -> None:
+@functools.lru_cache(maxsize=None)
+def _byte_compiler() -> xgrammar.GrammarCompiler:
+    """check_grammar 用的编译器：词表是 256 个单字节的 token 加一个结束符，不用模型的分词器，编译很快。"""
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo([bytes([b]) for b in range(256)] + [b"</s>"], stop_token_ids=[256])
+    return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+
+def _check_can_start(kind: str, spec: str, compiled: xgrammar.CompiledGrammar) -> None:
+    """语法的第一步一个 token 也不放行（JSON Schema：除了结束符都不放行——空串不是 JSON）：没有输出能满足它。"""
+    grammar = Grammar(compiled)
+    mask = allocate_vocab_mask(1, grammar.vocab_size)
+    grammar.fill(mask, 0)
+    allowed = unpack_vocab_mask(mask, grammar.vocab_size)[0]  # [V] bool
+    if kind == "json_schema":
+        allowed[compiled.tokenizer_info.stop_token_ids] = False
+    if not allowed.any():
+        raise ValueError(f"{kind}={_clip(spec)!r}: no output can satisfy it")
+
+
+# JSON Schema 里 xgrammar 保证不了的关键字（它编出来的文法不理会它们，输出会违反它们）→ 说明
+UNENFORCED_KEYWORDS = {
+    "not": "the output cannot be kept out of a schema",
+    "if": "conditional schemas (if/then/else) are not enforced",
+    "then": "conditional schemas (if/then/else) are not enforced",
+    "else": "conditional schemas (if/then/else) are not enforced",
+    "dependentRequired": "properties that depend on other properties are not enforced",
+    "dependentSchemas": "properties that depend on other properties are not enforced",
+    "dependencies": "properties that depend on other properties are not enforced",
+    "uniqueItems": "the output could repeat items",
+    "contains": "the output could miss the items it must contain",
+    "minContains": "the output could miss the items it must contain",
+    "maxContains": "the output could contain such items too often",
+    "oneOf": "exactly one matching branch cannot be enforced; use anyOf if no value can match two branches",
+    "$dynamicRef": "dynamic references are not resolved",
+    "$recursiveRef": "dynamic references are not resolved",
+}
+# xgrammar 保证得了的 format（别的它当注解，不管）
+FORMATS = ("date", "date-time", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri",
+           "uri-reference", "uri-template", "json-pointer", "relative-json-pointer")
+# 约束取值的关键字；别的（title、description、default、examples、$defs……）是注解，xgrammar 不管也没关系
+CONSTRAINTS = {"type", "enum", "const", "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+               "minLength", "maxLength", "pattern", "format", "minItems", "maxItems", "items", "prefixItems",
+               "unevaluatedItems", "minProperties", "maxProperties", "required", "properties", "patternProperties",
+               "additionalProperties", "propertyNames", "unevaluatedProperties", "$ref", "anyOf", "allOf"}
+# 同一层有这几个时，xgrammar 只按其中最靠前的一个转换，同一层别的约束一概不管 → 改写的建议
+COMBINATORS = {"$ref": "move it into the referenced schema", "const": "drop it or change the value",
+               "enum": "keep only the values that satisfy it", "anyOf": "repeat it inside every branch",
+               "allOf": "move it into the branch"}
+SHAPE_KEYWORDS = {"properties", "additionalProperties", "unevaluatedProperties", "items", "prefixItems",
+                  "unevaluatedItems"}  # 没有 type 时，xgrammar 看到它们就当作对象或数组；否则任何值都行
+
+
+def _check_schema(spec: str) -> None:
+    """spec 是 JSON、里面没有 xgrammar 保证不了的约束；否则抛 ValueError，说出关键字和它在 schema 里的位置。"""
+    reason = _unenforced(_parse_json(spec), "#")
+    if reason is not None:
+        raise ValueError(f"json_schema={_clip(spec)!r}: {reason}")
+
+
+def _unenforced(schema: Any, path: str) -> str | None:
+    """schema 和它的每一个子 schema 里，第一处 xgrammar 保证不了的约束的说明（path 是 JSON Pointer）；没有返回 None。"""
+    if not isinstance(schema, dict):
+        return None  # true、false 和别的类型：xgrammar 自己处理（false 和非法的类型它会报错）
+    for key, why in UNENFORCED_KEYWORDS.items():
+        if key in schema and not (key == "uniqueItems" and schema[key] is False):
+            return f"{key} at {path} is not supported: {why}"
+    if schema.get("anyOf") == []:
+        return f"anyOf at {path} has no branches: no value can match it"
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        return f"allOf at {path} has {len(schema['allOf'])} branches and only some are enforced: merge them into one"
+    first = next((key for key in COMBINATORS if key in schema), None)
+    if first is not None:  # 同一层别的约束会被忽略；枚举的值都合乎 type 时，type 本来就多余
+        values = [schema["const"]] if first == "const" else schema["enum"] if first == "enum" else None
+        ignored = [k for k in schema if k in CONSTRAINTS and k != first and not (
+            k == "type" and isinstance(values, list) and all(_is_type(v, schema["type"]) for v in values))]
+        if ignored:
+            return f"{ignored[0]} at {path} is ignored next to {first}: {COMBINATORS[first]}"
+    elif "type" not in schema and not SHAPE_KEYWORDS & schema.keys():
+        loose = [k for k in schema if k in CONSTRAINTS]
+        if loose:
+            return f"{loose[0]} at {path} needs a type: without one, any value passes"
+    types = schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]
+    required, properties = schema.get("required"), schema.get("properties")
+    if first is None and isinstance(required, list):
+        missing = [k for k in required if not (isinstance(properties, dict) and k in properties)]
+        if missing:
+            return f"required at {path} lists {missing[0]!r}, which is not under properties: describe it there"
+    step = schema.get("multipleOf")
+    if first is None and step is not None and ("number" in types or "integer" in types and not (
+            _is_type(step, "integer") and 1 <= step <= 1024)):
+        return f"multipleOf at {path} is supported only for type integer, with a whole number in 1..1024"
+    if first is None and "string" in types and schema.get("format", FORMATS[0]) not in FORMATS:
+        return f"format {schema['format']!r} at {path} is not supported; supported: {', '.join(FORMATS)}"
+    children: List[Tuple[str, Any]] = []
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            children += [(f"{key}/{_pointer(k)}", v) for k, v in schema[key].items()]
+    for key in ("prefixItems", "anyOf", "allOf", "items"):
+        if isinstance(schema.get(key), list):
+            children += [(f"{key}/{i}", v) for i, v in enumerate(schema[key])]
+    for key in ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems"):
+        if isinstance(schema.get(key), dict):
+            children.append((key, schema[key]))
+    for where, child in children:
+        reason = _unenforced(child, f"{path}/{where}")
+        if reason is not None:
+            return reason
+    return None
+
+
+def _is_type(value: Any, name: Any) -> bool:
+    """value 是不是 JSON Schema 的类型 name（或类型列表里的一个）。布尔值不是数，1.0 是整数。"""
+    if isinstance(name, list):
+        return any(_is_type(value, n) for n in name)
+    if not isinstance(name, str) or (name in ("integer", "number") and isinstance(value, bool)):
+        return False
+    if name == "integer":
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    kinds = {"string": str, "number": (int, float), "boolean": bool, "null": type(None), "object": dict, "array": list}
+    return isinstance(value, kinds.get(name, ()))
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")  # JSON Pointer 的转义
+
+
+def _parse_json(spec: str) -> Any:
     try:
-        json.loads(spec)
+        return json.loads(spec)
     except ValueError as e:
         raise ValueError(f"json_schema={_clip(spec)!r} is not valid JSON: {e}") from e
 
