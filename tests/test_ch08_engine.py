@@ -140,6 +140,23 @@ def test_engine_uses_onednn_on_cpu_and_the_tokens_stay(tiny_qwen3) -> None:
     assert outs[True][0] == hf_greedy(tiny_qwen3, prompts[0], 12)
 
 
+@needs_onednn
+def test_engine_keeps_f_linear_when_onednn_fails(tiny_qwen3, monkeypatch) -> None:
+    import minisgl.engine.engine as engine_module
+
+    def broken(weight: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("no oneDNN kernel for this platform")
+
+    monkeypatch.setattr(engine_module, "onednn_weight", broken)  # 小矩阵的试算就失败：一个都不换
+    engine = Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=256, max_seq_len_override=128))
+    try:
+        assert engine.matmul == "torch" and engine.model.lm_head._onednn is None
+        out = generate(engine, PROMPTS[:1], [SamplingParams(max_tokens=6)], [0])
+    finally:
+        engine.shutdown()
+    assert out[0] == hf_greedy(tiny_qwen3, PROMPTS[0], 6)
+
+
 def test_seeded_sampling_is_independent_of_the_batch(tiny_qwen3) -> None:
     engine = Engine(EngineConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=8,
                                  max_seq_len_override=128))

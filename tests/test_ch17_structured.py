@@ -273,7 +273,7 @@ def test_schema_keywords_xgrammar_cannot_enforce_are_refused(vocab: Vocab, schem
     for call in (check_grammar, vocab.backend.compile):
         with pytest.raises(ValueError) as e:
             call("json_schema", spec)
-        assert str(e.value).startswith(f"json_schema={spec!r}: {reason}"), str(e.value)
+        assert str(e.value).startswith("json_schema='") and f"': {reason}" in str(e.value), str(e.value)
 
 @pytest.mark.parametrize("schema", [
     {"type": "array", "items": {"type": "integer"}, "uniqueItems": False},

@@ -11,6 +11,7 @@ from minisgl.core import Batch, Context, current_ctx, set_global_ctx, use_ctx
 from minisgl.distributed import get_tp_info, init_distributed, kv_head_range, set_tp_info
 from minisgl.kvcache import MHAKVCache
 from minisgl.layers import BaseOP
+from minisgl.layers.base import linear, onednn_weight
 from minisgl.models import ModelConfig, create_model, init_dummy_weight, load_weight
 from minisgl.moe import create_moe_backend, resolve_moe_backend
 from minisgl.utils import align_ceil, div_ceil, init_logger, parse_dtype, pick_device, set_num_threads, torch_dtype
@@ -192,10 +193,21 @@ def _resolve_attention(name: str, device: torch.device) -> str:
     return "torch"
 
 
+def _onednn_works() -> bool:
+    """先在一个小矩阵上试一次：这个平台的 oneDNN 排得了、算得对，才把模型换过去。"""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(24, 16, generator=g), torch.randn(3, 16, generator=g)
+    try:
+        return torch.allclose(linear(x, onednn_weight(w)), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4)
+    except (RuntimeError, NotImplementedError) as e:
+        logger.warning(f"oneDNN does not work here ({e}); matmuls use F.linear")
+        return False
+
+
 def _use_onednn(model: BaseOP) -> int:
     """每个做矩阵乘的算子（有 use_onednn 方法的：线性层、LM head）把权重换成 oneDNN 预先排好的格式；返回换了几个。
     这个 torch 没有带 oneDNN（或这个平台上排不了）时什么都不换，返回 0，矩阵乘照旧走 F.linear。"""
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available() or not _onednn_works():
         return 0
     n, ops = 0, [model]
     while ops:
