@@ -565,6 +565,7 @@ def test_slow_compile_does_not_stall_other_requests(tiny_qwen3, checker: Grammar
                                 SamplingParams(max_tokens=8, json_schema=other)))
         assert gates[other].entered.wait(20)
         assert llm.has_work and not llm.prefill.pending and llm.table.num_free == llm.config.max_running_req
+        assert (llm.stats().waiting, llm.stats().running) == (1, 0)  # /metrics 里它在排队
         llm.abort_request(100)
         assert llm._done.pop(100) == "abort" and llm._outputs.pop(100) == [] and not llm.has_work
         gates[other].open.set()
@@ -726,7 +727,7 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
            ({"response_format": schema_format({"type": "array", "uniqueItems": True})}, "response_format",
             "': uniqueItems at # is not supported: the output could repeat items"),
            ({"response_format": schema_format({"oneOf": [{"type": "integer"}, {"type": "number"}]})}, "response_format",
-            "oneOf at # is not supported: exactly one branch matching cannot be enforced; use anyOf"),
+            "oneOf at # is not supported: exactly one matching branch cannot be enforced; use anyOf"),
            ({"response_format": schema_format({"type": "object", "properties": {}, "required": ["age"]})},
             "response_format", "required at # lists 'age', which is not under properties"),
            ({"response_format": schema_format({"anyOf": []})}, "response_format", "anyOf at # has no branches"),

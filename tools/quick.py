@@ -5,7 +5,8 @@
     python tools/quick.py 9 11            these chapters
     python tools/quick.py --base HEAD~3   chapters changed since that commit
 
-Steps: `steps.py tangle --check` (minisgl/, examples/, tests/ equal the notebooks); each touched chapter's tests
+Steps: `steps.py tangle --check` (minisgl/, examples/, tests/ equal the notebooks); `steps.py check --static` (every
+chapter's example resolves its imports, and pyflakes finds no undefined name in any chapter's tree); each touched chapter's tests
 inside its own tree (`steps.py test N`), one chapter per CPU core at a time, each with one torch thread;
 `practice/judge.py --self-check` for the touched chapters' exercises. A chapter is touched when its notebook or
 one of its exercises (practice/chNN_*) changed. The whole suite, notebooks included, is `bash tools/test_all.sh`.
@@ -66,6 +67,9 @@ def main() -> int:
     rows.append(("tangle --check", rc, sec))
     if rc:
         print(out)
+    rc, out, sec = run([py, "tools/steps.py", "check", "--static"])  # 几秒：每章的例子和 pyflakes
+    print(out if rc else out.strip().splitlines()[-1], flush=True)
+    rows.append(("check --static", rc, sec))
     if not nums:
         print("no chapter touched (give chapter numbers to test some)")
     env = dict(os.environ, OMP_NUM_THREADS="1")  # 几章同时测：每个进程一个线程，不抢核

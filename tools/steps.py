@@ -8,7 +8,8 @@
                                              each chapter's tests (tests/test_chNN_*.py) inside its own tree
     python tools/steps.py check [N ...] [--static]
                                              run chapter N's example inside chapter N's tree (--static: only
-                                             compile it and resolve its minisgl imports against chapters 1..N)
+                                             compile it, resolve its minisgl imports against chapters 1..N, and
+                                             run pyflakes on the tree: no undefined names)
     python tools/steps.py execute [chNN ...] [--gpu-only | --cells ID,...]
                                              run notebooks headless (nbclient) and store their outputs
                                              (--gpu-only / --cells: only the setup cell and those cells)
@@ -603,6 +604,20 @@ def _static_check(state, main: str) -> str:
     return ""
 
 
+def _flakes(state) -> str:
+    """'' if pyflakes finds nothing in chapter N's .py files but unused imports; else its first message (an undefined
+    name, a name used before it is assigned...): a name a later chapter's part uses but chapter N's imports lack
+    fails here, before any test runs into it."""
+    from pyflakes import checker, messages
+
+    for f in sorted(p for p in state.parts if p.endswith(".py")):
+        found = checker.Checker(ast.parse(state.content(f), f), filename=f).messages
+        bad = sorted((m for m in found if not isinstance(m, messages.UnusedImport)), key=lambda m: m.lineno)
+        if bad:
+            return str(bad[0])
+    return ""
+
+
 def cmd_check(nums: List[int], timeout: int, static: bool = False) -> int:
     chapters = load_chapters()
     nums = nums or [c.num for c in chapters]
@@ -616,7 +631,7 @@ def cmd_check(nums: List[int], timeout: int, static: bool = False) -> int:
             failed += 1
             continue
         if static:
-            problem = _static_check(state, main)
+            problem = _static_check(state, main) or _flakes(state)
             failed += bool(problem)
             rows.append((num, nfiles, f"失败：{problem}" if problem else f"ok (static: {main})", 0.0))
             continue

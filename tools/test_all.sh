@@ -69,7 +69,7 @@ step "tangle --check: minisgl/, examples/, tests/ equal what the notebooks tangl
 # Each chapter's example runs once, in the nbval step (its cell runs inside chapter N's tree, so it sees the code of
 # chapters 1..N alone, and its output is compared strictly); here only a static check that it compiles and that
 # chapters 1..N make every minisgl module and name it imports. Run them alone: `python tools/steps.py check [N ...]`.
-step "steps.py check --static: each chapter's example compiles and imports only what chapters 1..N make"
+step "steps.py check --static: each chapter's example compiles and imports only what chapters 1..N make; pyflakes finds no undefined name in any chapter's tree"
 "$PY" tools/steps.py check --static
 
 # The book first (a few minutes): it reads only stored outputs, so a broken build is known before the long

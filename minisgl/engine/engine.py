@@ -81,7 +81,7 @@ class Engine:
         self.sampler = Sampler(self.device, mc.vocab_size, self._random_seed())
         self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
         logger.info_rank0(f"engine: {mc.architecture} {self.dtype} on {self.device}, attention {attn}"
-                          f"{f', moe {moe}' if moe else ''}, matmul {self.matmul}, {self.num_threads} CPU thread(s), KV pool {self.num_pages} pages x {config.page_size} tokens "
+                          f"{f', moe {moe}' if moe else ''}, {self.num_threads} CPU thread(s), KV pool {self.num_pages} pages x {config.page_size} tokens "
                           f"({self.kv_cache.nbytes / 2**20:.0f} MiB), max_seq_len {self.max_seq_len}")
 
     def prepare_batch(self, batch: Batch, token_pool: torch.Tensor | None = None) -> None:

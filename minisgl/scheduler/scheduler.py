@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from minisgl.core import Batch, Req
 from minisgl.engine import Engine, ForwardOutput, LogprobsOutput
-from minisgl.message import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, DetokenizeMsg, ExitMsg, UserMsg
+from minisgl.message import (AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, DetokenizeMsg, ExitMsg, SchedulerStats,
+                             UserMsg)
 from minisgl.structured import Grammar, GrammarBackend, allocate_vocab_mask, fill_vocab_mask
 from minisgl.utils import init_logger
 
@@ -374,6 +375,12 @@ class Scheduler(SchedulerIOMixin):
     @property
     def has_work(self) -> bool:
         return bool(self.prefill.pending or self.prefill.chunked or self.running or self._last or self._compiling)
+
+    def stats(self) -> SchedulerStats:
+        """第 15 章 /metrics 的数；附录：语法还在编译的请求也算在排队的里面。"""
+        stats = super().stats()
+        stats.waiting += len(self._compiling)
+        return stats
 
     # ------------------------------------------------------------------ 结束、撤回与释放
     def _finish_reason(self, req: Req, token: int) -> str | None:

@@ -9,11 +9,11 @@ import re
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Literal, Tuple
+from typing import Any, AsyncIterator, Awaitable, Dict, List, Literal, Tuple, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
@@ -28,6 +28,7 @@ from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 from .args import ServerArgs, model_limits
 
 logger = init_logger(__name__)
+T = TypeVar("T")
 
 
 def _unwrap(msg: BaseFrontendMsg) -> List[BaseFrontendMsg]:
@@ -118,8 +119,10 @@ class FrontendManager:
             field_name = re.match(r"(\w+)=", error)
             raise APIError(400, error, param=field_name.group(1) if field_name else param,
                            code="context_length_exceeded" if "context" in error else None)
-        raise APIError(400, f"the request was refused by the scheduler (prompt of {r.prompt_tokens} tokens, "
-                            f"context {self.max_seq_len})", param=param, code="context_length_exceeded")
+        too_long = r.prompt_tokens >= self.max_seq_len  # 没说原因的拒绝：只有真放不下时才说是上下文超长
+        raise APIError(400, f"the request was refused by the scheduler (prompt of {r.prompt_tokens} tokens, context "
+                            f"{self.max_seq_len}{'' if too_long else '; the server log says why'})", param=param,
+                       code="context_length_exceeded" if too_long else None)
 
     async def wait_for_replies(self, uids: List[int]) -> AsyncIterator[List[Tuple[int, UserReply]]]:
         """每次醒来，一次取走这组请求已经到了的所有回复：(第几个回答, 回复) 的列表；每个都 finished 才结束。"""

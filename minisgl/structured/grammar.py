@@ -98,8 +98,8 @@ class GrammarBackend:
             if i < vocab_size:
                 vocab[i] = ""
         self.info = xgr.TokenizerInfo.from_vocab_and_metadata(vocab, info.dump_metadata())
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads, cache_enabled=False)
-        self.batch_threads = min(max_threads, cpu_cores())
+        self.batch_threads = min(max_threads, cpu_cores())  # 编译和成批填掩码都用这么多线程：比核多只会互相抢
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=self.batch_threads, cache_enabled=False)
         self.batch = xgr.BatchGrammarMatcher(max_threads=self.batch_threads)  # 一批的掩码分给几个线程填
         self.vocab_size, self.cache_size = vocab_size, cache_size
         self._cache: OrderedDict[GrammarKey, xgrammar.CompiledGrammar] = OrderedDict()
