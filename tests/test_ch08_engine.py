@@ -364,6 +364,10 @@ def test_config_errors_name_the_flag(tiny_qwen3) -> None:
         EngineConfig(tiny_qwen3, num_threads=0)
     with pytest.raises(ValueError, match="--num-pages 2 holds 2 pages"):
         Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=2, page_size=16, max_seq_len_override=4096))
+    with pytest.raises(ValueError, match=r"--num-pages 1000000000000 needs .* GiB, more than this machine's"):
+        Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=10**12))  # 不是分配器的 traceback
+    with pytest.raises(ValueError, match=r"--cpu-kv-memory-mb 1000000000 needs"):
+        Engine(EngineConfig(tiny_qwen3, device="cpu", cpu_kv_memory_mb=10**9))
     assert graph_batch_sizes(20) == [1, 2, 4, 8, 16] and graph_batch_sizes(256)[-1] == 256
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+import psutil
 import torch
 
 from minisgl.attention import create_attention_backend
@@ -145,6 +146,11 @@ class Engine:
         else:
             num_pages = cfg.cpu_kv_memory_mb * 2**20 // page_bytes
             source = f"--cpu-kv-memory-mb {cfg.cpu_kv_memory_mb}"
+        total = torch.cuda.mem_get_info(self.device)[1] if self.device.type == "cuda" else psutil.virtual_memory().total
+        if num_pages * page_bytes > total:  # 一个写错的数：否则是分配器在工作进程里的一段 traceback
+            raise ValueError(f"the KV pool from {source} needs {num_pages * page_bytes / 2**30:.1f} GiB, more than "
+                             f"this {'GPU' if self.device.type == 'cuda' else 'machine'}'s {total / 2**30:.1f} GiB "
+                             f"of memory; give it less")
         need = div_ceil(self.max_seq_len, cfg.page_size)
         if num_pages < need:
             raise ValueError(f"the KV pool from {source} holds {num_pages} pages of {cfg.page_size} tokens "
