@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import gc
 import logging
+import math
 import os
 import random
 import re
@@ -433,8 +434,8 @@ def print_rows(rows: List[Tuple[str, int | None, float | None]]) -> None:
         if t is None:
             print(f"{desc:<{w}} {'-':>7} {'-':>8} {'-':>9} {'-':>10}")
         else:
-            base = base_for(desc)  # no minisgl row in this table (a peer's run on its own): "-"
-            vs = "-" if base != base else f"{t / s / base:.2f}"
+            base = base_for(desc)  # nan: no minisgl row in this table (a peer's run on its own), printed "-"
+            vs = "-" if math.isnan(base) else f"{t / s / base:.2f}"
             print(f"{desc:<{w}} {t:>7} {s:>8.2f} {t / s:>9.1f} {vs:>10}")
 
 

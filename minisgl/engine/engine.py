@@ -210,20 +210,15 @@ def _onednn_works() -> bool:
         return False
 
 
-def _use_onednn(model: BaseOP) -> int:
-    """每个做矩阵乘的算子（有 use_onednn 方法的：线性层、LM head）把权重换成 oneDNN 预先排好的格式；返回换了几个。
-    这个 torch 没有带 oneDNN（或这个平台上排不了）时什么都不换，返回 0，矩阵乘照旧走 F.linear。"""
+def _use_onednn(model: BaseOP) -> bool:
+    """每个做矩阵乘的算子（有 use_onednn 方法的：线性层、LM head）把权重换成 oneDNN 预先排好的格式。
+    这个 torch 没有带 oneDNN、或者小矩阵上试算不过时什么都不换，返回 False，矩阵乘照旧走 F.linear。"""
     if not torch.backends.mkldnn.is_available() or not _onednn_works():
-        return 0
-    n, ops = 0, [model]
+        return False
+    ops = [model]
     while ops:
         op = ops.pop()
         ops.extend(child for _, child in op.children() if isinstance(child, BaseOP))
         if hasattr(op, "use_onednn"):
-            try:
-                op.use_onednn()
-            except RuntimeError as e:  # 排不了的权重留在原来的格式：linear 两种都认
-                logger.warning(f"oneDNN cannot reorder a weight ({e}); the remaining matmuls use F.linear")
-                return n
-            n += 1
-    return n
+            op.use_onednn()
+    return True

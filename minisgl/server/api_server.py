@@ -353,9 +353,9 @@ _SAMPLING_FIELDS = ("top_p", "seed", "presence_penalty", "frequency_penalty", "l
                     "repetition_penalty", "ignore_eos", "stop_token_ids")
 
 def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesRequest, max_tokens: int | None,
-                     top_logprobs: int | None, vocab_size: int, max_tokens_param: str = "max_tokens") -> SamplingParams:
-    """请求 → SamplingParams（检查由它做）。top_logprobs=None：不要 logprobs。max_tokens_param：客户端给上限用的
-    字段名（max_completion_tokens、max_output_tokens），错误里写它，而不是客户端没发过的 max_tokens。"""
+                     top_logprobs: int | None, vocab_size: int) -> SamplingParams:
+    """请求 → SamplingParams（检查由它做）。top_logprobs=None：不要 logprobs。上限不对时，错误里写客户端自己用的
+    字段名（_max_tokens_param），而不是它没发过的 max_tokens。"""
     if not 1 <= getattr(req, "n", 1) <= 128:
         raise APIError(400, f"n={getattr(req, 'n')} is invalid: it must be in 1..128", param="n")
     for key in getattr(req, "logit_bias", None) or {}:
@@ -371,7 +371,7 @@ def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesR
     try:
         sp = SamplingParams(**kwargs)
     except ValueError as e:  # SamplingParams 的错误以字段名开头："top_p=0 must be in (0, 1]"
-        message = re.sub(r"^max_tokens=", f"{max_tokens_param}=", str(e))
+        message = re.sub(r"^max_tokens=", f"{_max_tokens_param(req)}=", str(e))
         raise APIError(400, message, param=message.split("=")[0]) from None
     if sp.grammar is not None:  # 坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它
         try:
@@ -601,8 +601,7 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size,
-                          max_tokens_param=_max_tokens_param(req))
+    sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
     return await _generate(req, request, [text], sp, chat=True)
 
 @app.post("/v1/completions")
@@ -638,14 +637,17 @@ def _prompts(prompt: str | List[str] | List[int] | List[List[int]], vocab_size: 
                            param="prompt")
     return prompts
 
-def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest) -> str:
-    """客户端用哪个字段给的输出上限：新版对话接口是 max_completion_tokens。"""
+def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest | ResponsesRequest) -> str:
+    """客户端用哪个字段给的输出上限：Responses API 是 max_output_tokens，新版对话接口是 max_completion_tokens。"""
+    if isinstance(req, ResponsesRequest):
+        return "max_output_tokens"
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Request,
                     prompts: List[Any], sp: SamplingParams, chat: bool):
     """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。"""
     _check_stream_options(req)
+    stops = _stop(req)  # 先查完：坏请求不登记任何 uid
     state = get_state()
     n = req.n
     uids = state.new_users(len(prompts) * n)
@@ -654,7 +656,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
         p, j = divmod(k, n)
         sp_j = sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j) % 2**63)
         await state.send_one(TokenizeMsg(uid=uid, text=prompts[p], sampling_params=sp_j, chat_options=options,
-                                         stop=_stop(req)))
+                                         stop=stops))
     await state.until_disconnected(state.first_replies(uids, param="messages" if chat else "prompt",
                                                        max_tokens_param=_max_tokens_param(req)), uids, request)
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uids[0]}", "created": int(time.time()),
@@ -791,11 +793,10 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     if req.text not in (None, {"format": {"type": "text"}}):
         raise APIError(400, f"text={json.dumps(req.text)[:80]} is not supported: only plain text output", param="text")
     state = get_state()
-    sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size,  # type: ignore[arg-type]
-                          max_tokens_param="max_output_tokens")
+    sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
     uids = state.new_users()
     await state.send_one(TokenizeMsg(uid=uids[0], text=req.messages(), sampling_params=sp))
-    await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param="max_output_tokens"),
+    await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param=_max_tokens_param(req)),
                                    uids, request)
     rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
     if not req.stream:

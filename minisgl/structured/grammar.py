@@ -51,11 +51,13 @@ class Grammar:
     def is_dead(self) -> bool:
         """没走完，却没有一个 token 能接：输出走进了语法里一条走不到头的路（比如正则 x|ab[^\\s\\S] 写完 ab）。
         要填一行掩码：只在 accept 失败之后查。"""
-        if self.is_terminated:
-            return False
+        return not self.is_terminated and not bool(self.allowed().any())
+
+    def allowed(self) -> torch.Tensor:
+        """下一个 token 的允许集合 [V] bool，不改变状态。要填一行掩码再展开：只在查死路、查能不能开头时用。"""
         mask = allocate_vocab_mask(1, self.vocab_size)
         self.fill(mask, 0)
-        return not bool(mask.any())
+        return unpack_vocab_mask(mask, self.vocab_size)[0]
 
 
 BATCH_FILL_MIN_ROWS = 64  # 受约束的行至少这么多才分给线程：分派本身约 0.3 ms（bench_structured.py 的 fill 表）
@@ -128,16 +130,7 @@ class GrammarBackend:
             return compiled
         with self._lock:
             self.misses += 1
-        if kind == "json_schema":
-            _check_schema(spec)
-            compiled = _convert(kind, spec, lambda: self.compiler.compile_json_schema(spec, any_whitespace=False))
-        elif kind == "regex":
-            compiled = _convert(kind, spec, lambda: self.compiler.compile_regex(spec))
-        elif kind == "ebnf":
-            compiled = _convert(kind, spec, lambda: self.compiler.compile_grammar(spec))
-        else:
-            raise ValueError(f"unknown grammar kind {kind!r}; expected one of {GRAMMAR_KINDS}")
-        _check_can_start(kind, spec, compiled)
+        compiled = _compile_with(self.compiler, kind, spec)
         with self._lock:
             self._cache[(kind, spec)] = compiled
             if len(self._cache) > self.cache_size:
@@ -152,7 +145,11 @@ class GrammarBackend:
 def check_grammar(kind: str, spec: str) -> None:
     """不用模型分词器的检查（收请求时用）：spec 能不能变成语法、JSON Schema 里有没有 xgrammar 保证不了的关键字、
     语法能不能开头；不行就抛 ValueError，信息以 kind=spec 开头。"""
-    compiler = _byte_compiler()
+    _compile_with(_byte_compiler(), kind, spec)
+
+
+def _compile_with(compiler: xgrammar.GrammarCompiler, kind: str, spec: str) -> xgrammar.CompiledGrammar:
+    """用这个编译器编译 spec：先查 schema 里有没有保证不了的关键字，编完再查语法能不能开头；不行就抛 ValueError。"""
     if kind == "json_schema":
         _check_schema(spec)
         compiled = _convert(kind, spec, lambda: compiler.compile_json_schema(spec, any_whitespace=False))
@@ -163,9 +160,10 @@ def check_grammar(kind: str, spec: str) -> None:
     else:
         raise ValueError(f"unknown grammar kind {kind!r}; expected one of {GRAMMAR_KINDS}")
     _check_can_start(kind, spec, compiled)
+    return compiled
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _byte_compiler() -> xgrammar.GrammarCompiler:
     """check_grammar 用的编译器：词表是 256 个单字节的 token 加一个结束符，不用模型的分词器，编译很快。"""
     import xgrammar as xgr
@@ -176,10 +174,7 @@ def _byte_compiler() -> xgrammar.GrammarCompiler:
 
 def _check_can_start(kind: str, spec: str, compiled: xgrammar.CompiledGrammar) -> None:
     """语法的第一步一个 token 也不放行（JSON Schema：除了结束符都不放行——空串不是 JSON）：没有输出能满足它。"""
-    grammar = Grammar(compiled)
-    mask = allocate_vocab_mask(1, grammar.vocab_size)
-    grammar.fill(mask, 0)
-    allowed = unpack_vocab_mask(mask, grammar.vocab_size)[0]  # [V] bool
+    allowed = Grammar(compiled).allowed()  # [V] bool
     if kind == "json_schema":
         allowed[compiled.tokenizer_info.stop_token_ids] = False
     if not allowed.any():
