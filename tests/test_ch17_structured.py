@@ -678,6 +678,48 @@ def test_server_random_schemas(server, batch: List[dict], seed: int) -> None:
             assert choice.finish_reason == "stop", (schema, choice.message.content)
             jsonschema.validate(json.loads(choice.message.content), schema)
 
+def test_api_checks_grammars_off_the_event_loop(monkeypatch) -> None:
+    """API Server 查 spec 时不占着事件循环：查在线程池里跑，查的那段时间里别的协程照常在转；坏 spec 仍是 400，
+    param 是请求里的名字。"""
+    from minisgl.server import api_server
+
+    on_loop_thread = []
+
+    def slow_check(kind: str, spec: str) -> None:  # 代替 check_grammar：一个要编译 0.2 秒的 spec
+        on_loop_thread.append(threading.current_thread() is threading.main_thread())
+        time.sleep(0.2)
+        if spec == "b+[":
+            raise ValueError(f"{kind}={spec}: unterminated character set")
+
+    monkeypatch.setattr(api_server, "check_grammar", slow_check)
+    api_server._check_grammar.cache_clear()
+
+    async def main() -> Tuple[int, Any]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        await api_server._check_request_grammar(api_server.CompletionRequest(prompt="x", regex="a+"),
+                                                SamplingParams(regex="a+"))
+        with pytest.raises(api_server.APIError) as bad:
+            await api_server._check_request_grammar(api_server.CompletionRequest(prompt="x", regex="b+["),
+                                                    SamplingParams(regex="b+["))
+        task.cancel()
+        return ticks, bad.value
+
+    try:
+        ticks, err = asyncio.run(main())
+    finally:
+        api_server._check_grammar.cache_clear()  # 别把替身的结果留给后面的测试
+    assert on_loop_thread == [False, False]
+    assert ticks >= 10, ticks  # 0.4 秒的检查里，每 10 ms 一次的协程转了至少 10 次
+    assert err.status == 400 and err.param == "regex" and "unterminated" in err.message
+
 def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBackend) -> None:
     """json_object（对话和补全）、SGLang 的 regex / ebnf；服务的贪心输出和离线 LLM 的逐字相同，流式拼起来和非流式
     相同；length 截断的是合法的前缀。坏的 schema / 正则 / 文法、写法不对的 response_format 都是 400，指明参数，

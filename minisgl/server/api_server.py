@@ -366,22 +366,12 @@ def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesR
     kwargs.update(temperature=req.temperature, max_tokens=max_tokens)
     if top_logprobs is not None:
         kwargs.update(logprobs=True, top_logprobs=top_logprobs)
-    param, grammar = _grammar(req)
-    kwargs.update(grammar)
+    kwargs.update(_grammar(req)[1])  # spec 编不编译得了，_generate 在线程里查（_check_request_grammar）
     try:
-        sp = SamplingParams(**kwargs)
+        return SamplingParams(**kwargs)
     except ValueError as e:  # SamplingParams 的错误以字段名开头："top_p=0 must be in (0, 1]"
         message = re.sub(r"^max_tokens=", f"{_max_tokens_param(req)}=", str(e))
         raise APIError(400, message, param=message.split("=")[0]) from None
-    if sp.grammar is not None:  # 坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它
-        try:
-            _check_grammar(*sp.grammar)
-        except ValueError as e:
-            raise APIError(400, f"{param}: {e}" if param == "response_format" else str(e), param=param) from None
-        except ImportError:
-            raise APIError(400, f"{param} needs structured output, which needs xgrammar on this server "
-                                f"(pip install xgrammar)", param=param) from None
-    return sp
 
 def _grammar(req: Any) -> Tuple[str | None, Dict[str, str]]:
     """response_format / regex / ebnf → SamplingParams 的 json_schema / regex / ebnf：(请求里的参数名, 字段)。
@@ -407,6 +397,20 @@ def _grammar(req: Any) -> Tuple[str | None, Dict[str, str]]:
 def _check_grammar(kind: str, spec: str) -> None:
     """check_grammar（在逐字节的小词表上编译，常见的 schema 几毫秒），记住通过了的 spec：同一个 schema 反复来，只查一次。"""
     check_grammar(kind, spec)
+
+async def _check_request_grammar(req: Any, sp: SamplingParams) -> None:
+    """坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它。编译在线程里做（xgrammar 编译时放开 GIL），
+    事件循环照常给别的流发 token。"""
+    if sp.grammar is None:
+        return
+    param = _grammar(req)[0]
+    try:
+        await asyncio.to_thread(_check_grammar, *sp.grammar)
+    except ValueError as e:
+        raise APIError(400, f"{param}: {e}" if param == "response_format" else str(e), param=param) from None
+    except ImportError:
+        raise APIError(400, f"{param} needs structured output, which needs xgrammar on this server "
+                            f"(pip install xgrammar)", param=param) from None
 
 MAX_STOP = 16  # OpenAI 收至多 4 个；多几个无妨，可 detokenizer 每个 token 都要把每个 stop 字符串找一遍
 
@@ -648,6 +652,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。"""
     _check_stream_options(req)
     stops = _stop(req)  # 先查完：坏请求不登记任何 uid
+    await _check_request_grammar(req, sp)
     state = get_state()
     n = req.n
     uids = state.new_users(len(prompts) * n)
