@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Why minisgl's CPU offline lead over transformers' static batches is what it is: the cost of one step, measured.
 
-    python benchmarks/bench_cpu_steps.py            # SmolLM2-135M (the built-in model), float32, 1 torch thread
+    python benchmarks/bench_cpu_steps.py            # SmolLM2-135M (the built-in model), float32, the engine's threads
 
-transformers and minisgl run on the same weights in one process, one torch thread each (as bench_offline.py on
-CPU), each through its own generate API; minisgl twice: with its default oneDNN matmuls and with F.linear, the
+transformers and minisgl run on the same weights in one process, on the same number of torch threads (the
+engine's default, OMP_NUM_THREADS or every core, as bench_offline.py on CPU; --threads N to choose), each through its own generate API; minisgl twice: with its default oneDNN matmuls and with F.linear, the
 matmul transformers uses (chapter 8, EngineConfig.cpu_onednn): a decode step is (time for 41 tokens − time for 1 token) / 40, at batch sizes 1, 8
 and 32, with new random 100-token prompts each time (no prefix-cache hits); prefill is one generate of 32 prompts × 64 tokens with max_tokens = 1, per prompt
 token; each the median of 3 runs. A line a + b·batch is fitted to each engine's decode steps. With those costs the script then predicts
@@ -33,12 +33,14 @@ sys.path.insert(0, str(BENCH))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="each time is the median of this many runs")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as bench_offline.py on CPU)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: the engine's, OMP_NUM_THREADS or every core, as bench_offline.py)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
     warnings.filterwarnings("ignore")
     import torch
-    torch.set_num_threads(args.threads)
+    from minisgl.utils import set_num_threads
+    threads = set_num_threads(args.threads)
     import transformers
     from transformers import AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
@@ -50,8 +52,8 @@ def main() -> None:
 
     path = default_model_path()
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    llm = LLM(str(path), num_threads=args.threads)
-    llm_torch = LLM(str(path), num_threads=args.threads, cpu_onednn=False)
+    llm = LLM(str(path), num_threads=threads)
+    llm_torch = LLM(str(path), num_threads=threads, cpu_onednn=False)
     assert (llm.engine.matmul, llm_torch.engine.matmul) == ("onednn", "torch"), "this torch has no oneDNN"
     g = torch.Generator().manual_seed(0)
     ids = lambda b, n: torch.randint(0, 10000, (b, n), generator=g)  # noqa: E731

