@@ -20,7 +20,10 @@ that never sets max_tokens does (the output length then varies per request). Wit
 event loop parsing every stream does not set the pace. On a CPU (or with --hf-baseline) the same prompts are then generated with
 transformers in this process, greedy `generate` with the same output length, twice: one request at a time (what
 serving with a plain loop over requests gives) and in static batches of --concurrency (left padding: what a batch
-job with plain transformers gives). Each line ends with minisgl's output throughput over that one.
+job with plain transformers gives). Each line ends with minisgl's output throughput over that one. --rounds N repeats
+the measured run (each round with its own prompts, so no round reuses another's prefix cache), and then each
+transformers baseline on the same N prompt sets; the tables show minisgl's round of median throughput, and the ratios
+compare median rounds (on a 2-core machine, runs of the same work differ by a fifth).
 
 Where the time goes: the CPU seconds each process spent during the measured run — each client process, and, when the
 server was started here, each process of its group (API server, scheduler, detokenizer, tokenizers, named by
@@ -387,6 +390,9 @@ def main() -> None:
                     help="upstream mini-sglang's python/ folder: start its server instead (dummy weights in "
                          "--random-config), e.g. .peer/python; --server-args then go to it (default: --attn fi "
                          "--page-size 256, as benchmarks/bench_peer.py runs it)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the measured run (new prompts each round) and the transformers baselines this many "
+                         "times; report medians")
     ap.add_argument("--stages", action="store_true",
                     help="also split each measured request's time to its first token into stages inside the server")
     args = ap.parse_args()
@@ -400,6 +406,8 @@ def main() -> None:
         args.server_args = args.server_args or "--attn fi --page-size 256"
     if args.concurrency < 1 or args.num_requests < 1 or args.output_len < 2 or args.input_len < 5:
         ap.error("--concurrency and --num-requests must be >= 1, --output-len >= 2, --input-len >= 5")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds} must be >= 1")
     if not 1 <= args.client_procs <= min(args.concurrency, args.num_requests):
         ap.error(f"--client-procs {args.client_procs} must be between 1 and --concurrency / --num-requests")
 
@@ -419,7 +427,8 @@ def main() -> None:
         tmp = model
     else:
         model = str(resolve_model_path(args.model))
-    prompts = make_prompts(args.num_requests, args.input_len)
+    rounds = [make_prompts(args.num_requests, args.input_len, seed=r) for r in ([0] + list(range(2, args.rounds + 1)))]
+    prompts = rounds[0]
     warmup = make_prompts(args.concurrency, args.input_len, seed=1, tag="Warm-up")  # 和计时的提示词不同：预热不给前缀缓存铺路
     proc = None
     url = args.url
@@ -433,10 +442,12 @@ def main() -> None:
                 trace_dir.mkdir()
             proc, url = start_server(model, args.server_args.split(), log, trace_dir, args.peer)
             wait_ready(proc, url, log, path="/v1/models" if args.peer else "/health")
-        runs = []  # (workload, results, wall, cpu, the --stages table or None) per workload
-        for workload in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling]):
-            asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency, args.api_key, workload,
-                                    args.max_tokens_unset, upstream=args.peer is not None))  # warm-up
+        runs = []  # (workload, results, wall, cpu, the --stages table or None) per workload and round
+        for workload, prompts in [(w, p) for w in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling])
+                                  for p in rounds]:
+            if prompts is rounds[0]:
+                asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency, args.api_key, workload,
+                                        args.max_tokens_unset, upstream=args.peer is not None))  # warm-up
             before = group_cpu(proc.pid) if proc is not None else {}
             since = time.time()
             try:
@@ -463,7 +474,17 @@ def main() -> None:
 
     name = f"random {args.random_config.stem}" if args.random_config else Path(model).name
     output = "chat, max_tokens unset (to EOS)" if args.max_tokens_unset else f"{args.output_len} output tokens each"
-    for workload, results, wall, cpu, stages in runs:
+    by_workload: Dict[str, list] = {}
+    for run in runs:
+        by_workload.setdefault(run[0], []).append(run)
+    shown = []  # per workload the round of median throughput (the middle one when sorted by wall time)
+    for group in by_workload.values():
+        group = sorted(group, key=lambda run: run[2])
+        shown.append(group[(len(group) - 1) // 2])
+        if len(group) > 1:
+            walls = ", ".join(f"{sum(r.output_tokens for r in run[1]) / run[2]:.1f}" for run in group)
+            print(f"\n{group[0][0]}: {len(group)} rounds, output tok/s {walls}; the tables below are the median round")
+    for workload, results, wall, cpu, stages in shown:
         tokens = sum(r.output_tokens for r in results)
         rows = [("TTFT (s)", [r.ttft for r in results]), ("TPOT (ms)", [r.tpot * 1000 for r in results]),
                 ("E2E (s)", [r.e2e for r in results])]
@@ -481,7 +502,7 @@ def main() -> None:
             print(f"  {role:<20}{sec:>8.1f} s {sec / wall:>6.0%}")
         if stages is not None:
             print(stages)
-    workload, results, wall, _, _ = runs[0]
+    workload, results, wall, _, _ = shown[0]
     tokens = sum(r.output_tokens for r in results)
     ours = tokens / wall
 
@@ -495,10 +516,12 @@ def main() -> None:
     elif use_hf:
         hf_model = load_hf(model)
         for batch in sorted({1, args.concurrency}):
-            lat, hf_wall = hf_baseline(hf_model, prompts, args.output_len, batch)
+            done = sorted((hf_baseline(hf_model, p, args.output_len, batch) for p in rounds), key=lambda x: x[1])
+            lat, hf_wall = done[(len(done) - 1) // 2]  # the median round, as for minisgl
             hf = tokens / hf_wall
             how = "one request at a time" if batch == 1 else f"static batches of {batch} (generate, left padding)"
-            print(f"transformers, {how}: {hf_wall:.1f} s, {hf:.1f} output tok/s, E2E p50 {pct(lat, 50):.3f} s; "
+            med = f" (median of {len(done)} rounds)" if len(done) > 1 else ""
+            print(f"transformers, {how}: {hf_wall:.1f} s{med}, {hf:.1f} output tok/s, E2E p50 {pct(lat, 50):.3f} s; "
                   f"minisgl / this: {ours / hf:.2f}x")
 
 
