@@ -704,11 +704,9 @@ def test_api_checks_grammars_off_the_event_loop(monkeypatch) -> None:
                 ticks += 1
 
         task = asyncio.create_task(ticker())
-        await api_server._check_request_grammar(api_server.CompletionRequest(prompt="x", regex="a+"),
-                                                SamplingParams(regex="a+"))
+        await api_server._check_request_grammar(SamplingParams(regex="a+"))
         with pytest.raises(api_server.APIError) as bad:
-            await api_server._check_request_grammar(api_server.CompletionRequest(prompt="x", regex="b+["),
-                                                    SamplingParams(regex="b+["))
+            await api_server._check_request_grammar(SamplingParams(regex="b+["))
         task.cancel()
         return ticks, bad.value
 

@@ -398,12 +398,13 @@ def _check_grammar(kind: str, spec: str) -> None:
     """check_grammar（在逐字节的小词表上编译，常见的 schema 几毫秒），记住通过了的 spec：同一个 schema 反复来，只查一次。"""
     check_grammar(kind, spec)
 
-async def _check_request_grammar(req: Any, sp: SamplingParams) -> None:
+async def _check_request_grammar(sp: SamplingParams) -> None:
     """坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它。编译在线程里做（xgrammar 编译时放开 GIL），
-    事件循环照常给别的流发 token。"""
+    事件循环照常给别的流发 token。param 是请求里的名字：json_schema 来自 response_format（_grammar 的反方向）。"""
     if sp.grammar is None:
         return
-    param = _grammar(req)[0]
+    kind = sp.grammar[0]
+    param = "response_format" if kind == "json_schema" else kind
     try:
         await asyncio.to_thread(_check_grammar, *sp.grammar)
     except ValueError as e:
@@ -652,7 +653,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。"""
     _check_stream_options(req)
     stops = _stop(req)  # 先查完：坏请求不登记任何 uid
-    await _check_request_grammar(req, sp)
+    await _check_request_grammar(sp)
     state = get_state()
     n = req.n
     uids = state.new_users(len(prompts) * n)
