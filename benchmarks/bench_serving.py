@@ -51,7 +51,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent  # minisgl from this tree, here and in the server it starts
 STAGES_DIR = Path(__file__).resolve().parent / "ttft_stages"  # --stages: the server's sitecustomize.py
@@ -322,6 +322,15 @@ def server_roles(pgid: int, procs: Dict[int, Tuple[str, float, int]], server_arg
     return roles
 
 
+T = TypeVar("T")
+
+
+def median_round(runs: List[T], wall: Callable[[T], float]) -> T:
+    """The run of median wall time (the middle one; the faster middle one of an even count): the rounds of one
+    engine are compared as whole runs, so that its latency table and its throughput come from the same round."""
+    return sorted(runs, key=wall)[(len(runs) - 1) // 2]
+
+
 def pct(xs: List[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
 
@@ -427,7 +436,8 @@ def main() -> None:
         tmp = model
     else:
         model = str(resolve_model_path(args.model))
-    rounds = [make_prompts(args.num_requests, args.input_len, seed=r) for r in ([0] + list(range(2, args.rounds + 1)))]
+    # 每轮一组提示词：第一轮的种子 0，之后 2、3……（1 是预热的），谁也不沾别人的前缀缓存
+    rounds = [make_prompts(args.num_requests, args.input_len, seed=r + 1 if r else 0) for r in range(args.rounds)]
     prompts = rounds[0]
     warmup = make_prompts(args.concurrency, args.input_len, seed=1, tag="Warm-up")  # 和计时的提示词不同：预热不给前缀缓存铺路
     proc = None
@@ -477,12 +487,11 @@ def main() -> None:
     by_workload: Dict[str, list] = {}
     for run in runs:
         by_workload.setdefault(run[0], []).append(run)
-    shown = []  # per workload the round of median throughput (the middle one when sorted by wall time)
+    shown = [median_round(group, wall=lambda run: run[2]) for group in by_workload.values()]
     for group in by_workload.values():
-        group = sorted(group, key=lambda run: run[2])
-        shown.append(group[(len(group) - 1) // 2])
         if len(group) > 1:
-            walls = ", ".join(f"{sum(r.output_tokens for r in run[1]) / run[2]:.1f}" for run in group)
+            walls = ", ".join(f"{sum(r.output_tokens for r in run[1]) / run[2]:.1f}"
+                              for run in sorted(group, key=lambda run: run[2]))
             print(f"\n{group[0][0]}: {len(group)} rounds, output tok/s {walls}; the tables below are the median round")
     for workload, results, wall, cpu, stages in shown:
         tokens = sum(r.output_tokens for r in results)
@@ -516,8 +525,8 @@ def main() -> None:
     elif use_hf:
         hf_model = load_hf(model)
         for batch in sorted({1, args.concurrency}):
-            done = sorted((hf_baseline(hf_model, p, args.output_len, batch) for p in rounds), key=lambda x: x[1])
-            lat, hf_wall = done[(len(done) - 1) // 2]  # the median round, as for minisgl
+            done = [hf_baseline(hf_model, p, args.output_len, batch) for p in rounds]
+            lat, hf_wall = median_round(done, wall=lambda x: x[1])  # as for minisgl
             hf = tokens / hf_wall
             how = "one request at a time" if batch == 1 else f"static batches of {batch} (generate, left padding)"
             med = f" (median of {len(done)} rounds)" if len(done) > 1 else ""
