@@ -2,7 +2,8 @@
 """Online serving benchmark: N concurrent clients against a `python -m minisgl` server (the official OpenAI client).
 
     python benchmarks/bench_serving.py [--url http://127.0.0.1:1919] [--model PATH] [--concurrency 16]
-                                  [--num-requests 32] [--input-len 64] [--output-len 32] [--client-procs N]
+                                  [--num-requests 32] [--input-len 64] [--output-len 32 | --lengths 16 128]
+                                  [--client-procs N] [--rounds N]
                                   [--sampling greedy|sampled|both] [--max-tokens-unset]
                                   [--hf-baseline | --no-hf-baseline]
 
@@ -11,7 +12,8 @@ the end. With --peer DIR it starts upstream mini-sglang's server from DIR (its p
 benchmarks/bench_peer.py) instead, with dummy weights in --random-config, and streams the same prompts through the
 endpoint it has (/v1/chat/completions with a raw `prompt`; it reports no usage, so each answer counts --output-len
 tokens, which ignore_eos makes exact). Every request streams a /v1/completions answer of exactly --output-len tokens (ignore_eos) for a prompt of
-about --input-len tokens (seeded random words), --concurrency of them in flight at a time. Reported: TTFT (time
+about --input-len tokens (seeded random words), --concurrency of them in flight at a time; with --lengths LO HI each
+request's prompt and output lengths are instead drawn uniform in [LO, HI] (bench_offline's protocol). Reported: TTFT (time
 to the first streamed chunk), TPOT (time per output token after the first), end-to-end latency (p50/p90/p99), and
 output-token / request throughput. --sampling picks the workload: greedy (temperature 0), sampled (temperature 0.7,
 top_p 0.9), or both, one after the other on the same server. --max-tokens-unset sends /v1/chat/completions without
@@ -19,8 +21,8 @@ max_tokens and without ignore_eos instead: every answer runs to its EOS or to th
 that never sets max_tokens does (the output length then varies per request). With --client-procs N the measured run is shared by N processes, so that one Python
 event loop parsing every stream does not set the pace. On a CPU (or with --hf-baseline) the same prompts are then generated with
 transformers in this process, greedy `generate` with the same output length, twice: one request at a time (what
-serving with a plain loop over requests gives) and in static batches of --concurrency (left padding: what a batch
-job with plain transformers gives). Each line ends with minisgl's output throughput over that one. --rounds N repeats
+serving with a plain loop over requests gives) and in static batches of --concurrency (left padding, every row of a batch runs to the batch's
+longest output and only its own count is credited: what a batch job with plain transformers gives). Each line ends with minisgl's output throughput over that one. --rounds N repeats
 the measured run (each round with its own prompts, so no round reuses another's prefix cache), and then each
 transformers baseline on the same N prompt sets; the tables show minisgl's round of median throughput, and the ratios
 compare median rounds (on a 2-core machine, runs of the same work differ by a fifth).
@@ -73,9 +75,20 @@ class Result:
         return (self.e2e - self.ttft) / max(self.output_tokens - 1, 1)
 
 
-def make_prompts(n: int, input_len: int, seed: int = 0, tag: str = "Request") -> List[str]:
+Job = Tuple[str, int]  # (prompt, output tokens it asks for)
+
+
+def make_jobs(n: int, input_len: int, output_len: int, seed: int = 0, tag: str = "Request",
+              lengths: Tuple[int, int] | None = None) -> List[Job]:
+    """n prompts of seeded random words, each about input_len tokens and asking for output_len tokens; with
+    lengths=(lo, hi) each request's prompt and output length are drawn uniform in [lo, hi] instead (bench_offline's
+    protocol, here with words: a word and its space are about one token)."""
     rng = random.Random(seed)
-    return [f"{tag} {i}: " + " ".join(rng.choice(WORDS) for _ in range(input_len - 4)) for i in range(n)]
+    jobs = []
+    for i in range(n):
+        k, out = (rng.randint(*lengths), rng.randint(*lengths)) if lengths else (input_len, output_len)
+        jobs.append((f"{tag} {i}: " + " ".join(rng.choice(WORDS) for _ in range(max(k - 4, 1))), out))
+    return jobs
 
 
 def free_port() -> int:
@@ -129,10 +142,10 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600
         time.sleep(0.3)
 
 
-async def run_clients(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
+async def run_clients(url: str, jobs: List[Job], concurrency: int, api_key: str,
                       workload: str = "greedy", chat_unset: bool = False, on_done=None,
                       upstream: bool = False) -> Tuple[List[Result], float]:
-    """Stream every prompt, at most `concurrency` in flight; on_done() after each finished request.
+    """Stream every job's prompt, at most `concurrency` in flight; on_done() after each finished request.
     chat_unset: /v1/chat/completions without max_tokens or ignore_eos (each answer runs to EOS or a full context).
     upstream: upstream's server (its chat endpoint takes a raw `prompt` when `messages` is empty; no usage)."""
     from openai import AsyncOpenAI
@@ -143,7 +156,7 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
     if not upstream:  # upstream's server has no stream_options (and reports no usage)
         kw["stream_options"] = {"include_usage": True}
 
-    async def one(prompt: str) -> Result:
+    async def one(prompt: str, output_len: int) -> Result:
         async with sem:
             t0 = time.perf_counter()
             ttft, tokens = None, 0
@@ -167,13 +180,13 @@ async def run_clients(url: str, prompts: List[str], output_len: int, concurrency
             return Result(ttft, time.perf_counter() - t0, tokens)
 
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one(p) for p in prompts))
+    results = await asyncio.gather(*(one(p, n) for p, n in jobs))
     wall = time.perf_counter() - t0
     await client.close()  # before asyncio.run closes the loop: otherwise its connections are closed on a dead loop
     return list(results), wall
 
 
-def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str, workload: str,
+def _client_proc(url: str, jobs: List[Job], concurrency: int, api_key: str, workload: str,
                  chat_unset: bool, upstream: bool, go, done, out) -> None:
     """One client process (spawned): waits at `go` for the others, runs its share, sends (results, start, end, CPU seconds)."""
     import openai  # noqa: F401  imported before the start line, not inside the measured time
@@ -185,8 +198,7 @@ def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int
     go.wait()
     cpu0, t0 = time.process_time(), time.monotonic()
     try:
-        results, _ = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key, workload, chat_unset,
-                                             bump, upstream))
+        results, _ = asyncio.run(run_clients(url, jobs, concurrency, api_key, workload, chat_unset, bump, upstream))
         rows = [(r.ttft, r.e2e, r.output_tokens) for r in results]  # plain tuples: Result lives in __main__
         out.put((rows, t0, time.monotonic(), time.process_time() - cpu0))
     except BaseException as e:  # the parent must not wait forever for this share
@@ -194,7 +206,7 @@ def _client_proc(url: str, prompts: List[str], output_len: int, concurrency: int
         raise
 
 
-def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int, api_key: str,
+def run_measured(url: str, jobs: List[Job], concurrency: int, api_key: str,
                  procs: int, workload: str = "greedy", chat_unset: bool = False,
                  upstream: bool = False) -> Tuple[List[Result], float, List[float]]:
     """The measured run over `procs` client processes (request i goes to process i % procs, each with its share
@@ -203,18 +215,18 @@ def run_measured(url: str, prompts: List[str], output_len: int, concurrency: int
     parsing every SSE stream limits what is measured."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(prompts), desc=f"{'upstream' if upstream else 'minisgl'} {workload} x{concurrency}")
+    bar = tqdm(total=len(jobs), desc=f"{'upstream' if upstream else 'minisgl'} {workload} x{concurrency}")
     if procs == 1:
         cpu0 = time.process_time()
-        results, wall = asyncio.run(run_clients(url, prompts, output_len, concurrency, api_key, workload, chat_unset,
+        results, wall = asyncio.run(run_clients(url, jobs, concurrency, api_key, workload, chat_unset,
                                                 lambda: bar.update(1), upstream))
         bar.close()
         return results, wall, [time.process_time() - cpu0]
     ctx = mp.get_context("spawn")
     go, done, out = ctx.Barrier(procs + 1), ctx.Value("i", 0), ctx.Queue()  # go: all start together
-    shares = [(prompts[i::procs], concurrency // procs + (i < concurrency % procs)) for i in range(procs)]
-    workers = [ctx.Process(target=_client_proc, args=(url, ps, output_len, c, api_key, workload, chat_unset, upstream,
-                                                      go, done, out), daemon=True) for ps, c in shares]
+    shares = [(jobs[i::procs], concurrency // procs + (i < concurrency % procs)) for i in range(procs)]
+    workers = [ctx.Process(target=_client_proc, args=(url, ps, c, api_key, workload, chat_unset, upstream, go, done,
+                                                      out), daemon=True) for ps, c in shares]
     for w in workers:
         w.start()
     try:
@@ -251,9 +263,10 @@ def load_hf(model: str):
     return AutoTokenizer.from_pretrained(model), m.to(dev).eval()
 
 
-def hf_baseline(hf, prompts: List[str], output_len: int, batch: int = 1) -> Tuple[List[float], float]:
-    """transformers (load_hf) on the same prompts, exactly output_len greedy tokens each: one request at a time (batch
-    1), or static batches of `batch` in submission order (left padding; every row of a batch finishes together)."""
+def hf_baseline(hf, jobs: List[Job], batch: int = 1) -> Tuple[List[float], float]:
+    """transformers (load_hf) on the same jobs, greedy: one request at a time (batch 1), or static batches of
+    `batch` in submission order (left padding; every row of a batch runs to the batch's longest output and finishes
+    with it, as bench_offline's static baseline: the caller credits each job its own count only)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -262,11 +275,12 @@ def hf_baseline(hf, prompts: List[str], output_len: int, batch: int = 1) -> Tupl
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     lat = []
     with torch.inference_mode():
-        m.generate(torch.tensor([tok.encode(prompts[0])[:8]], device=dev), max_new_tokens=2, do_sample=False,
+        m.generate(torch.tensor([tok.encode(jobs[0][0])[:8]], device=dev), max_new_tokens=2, do_sample=False,
                    pad_token_id=pad)  # warm-up
         t0 = time.perf_counter()
-        for i in tqdm(range(0, len(prompts), batch), desc=f"transformers x{batch}"):
-            rows = [tok.encode(p) for p in prompts[i:i + batch]]
+        for i in tqdm(range(0, len(jobs), batch), desc=f"transformers x{batch}"):
+            rows = [tok.encode(p) for p, _ in jobs[i:i + batch]]
+            output_len = max(n for _, n in jobs[i:i + batch])
             L = max(len(r) for r in rows)
             ids = torch.tensor([[pad] * (L - len(r)) + r for r in rows])
             mask = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
@@ -325,10 +339,11 @@ def server_roles(pgid: int, procs: Dict[int, Tuple[str, float, int]], server_arg
 T = TypeVar("T")
 
 
-def median_round(runs: List[T], wall: Callable[[T], float]) -> T:
-    """The run of median wall time (the middle one; the faster middle one of an even count): the rounds of one
-    engine are compared as whole runs, so that its latency table and its throughput come from the same round."""
-    return sorted(runs, key=wall)[(len(runs) - 1) // 2]
+def median_round(runs: List[T], rate: Callable[[T], float]) -> T:
+    """The run of median throughput, output tokens per second (the middle one; the faster middle one of an even
+    count): the rounds of one engine are compared as whole runs, so that its latency table and its throughput come
+    from the same round. Throughput, not wall time: with --lengths each round asks for its own number of tokens."""
+    return sorted(runs, key=rate, reverse=True)[(len(runs) - 1) // 2]
 
 
 def pct(xs: List[float], q: float) -> float:
@@ -385,6 +400,9 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=64, help="about this many prompt tokens")
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--lengths", type=int, nargs=2, metavar=("LO", "HI"), default=None,
+                    help="instead of --input-len/--output-len: each request's prompt and output lengths uniform in "
+                         "[LO, HI] (seeded; bench_offline's protocol, e.g. 16 128)")
     ap.add_argument("--hf-baseline", action=argparse.BooleanOptionalAction, default=None,
                     help="also run transformers one request at a time (default: on a CPU-only machine)")
     ap.add_argument("--server-args", default="", help="extra flags for python -m minisgl, one string")
@@ -415,6 +433,10 @@ def main() -> None:
         args.server_args = args.server_args or "--attn fi --page-size 256"
     if args.concurrency < 1 or args.num_requests < 1 or args.output_len < 2 or args.input_len < 5:
         ap.error("--concurrency and --num-requests must be >= 1, --output-len >= 2, --input-len >= 5")
+    if args.lengths and not 5 <= args.lengths[0] <= args.lengths[1]:
+        ap.error(f"--lengths {args.lengths[0]} {args.lengths[1]}: need 5 <= LO <= HI")
+    if args.lengths and args.max_tokens_unset:
+        ap.error("--lengths sets each request's max_tokens; --max-tokens-unset sends none")
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds} must be >= 1")
     if not 1 <= args.client_procs <= min(args.concurrency, args.num_requests):
@@ -437,9 +459,10 @@ def main() -> None:
     else:
         model = str(resolve_model_path(args.model))
     # 每轮一组提示词：第一轮的种子 0，之后 2、3……（1 是预热的），谁也不沾别人的前缀缓存
-    rounds = [make_prompts(args.num_requests, args.input_len, seed=r + 1 if r else 0) for r in range(args.rounds)]
-    prompts = rounds[0]
-    warmup = make_prompts(args.concurrency, args.input_len, seed=1, tag="Warm-up")  # 和计时的提示词不同：预热不给前缀缓存铺路
+    lengths = tuple(args.lengths) if args.lengths else None
+    rounds = [make_jobs(args.num_requests, args.input_len, args.output_len, seed=r + 1 if r else 0, lengths=lengths)
+              for r in range(args.rounds)]
+    warmup = make_jobs(args.concurrency, args.input_len, args.output_len, seed=1, tag="Warm-up", lengths=lengths)  # 和计时的提示词不同：预热不给前缀缓存铺路
     proc = None
     url = args.url
     # SIGTERM (e.g. from `timeout`) exits through the finally below, which takes the server's process group down too
@@ -453,17 +476,17 @@ def main() -> None:
             proc, url = start_server(model, args.server_args.split(), log, trace_dir, args.peer)
             wait_ready(proc, url, log, path="/v1/models" if args.peer else "/health")
         runs = []  # (workload, results, wall, cpu, the --stages table or None) per workload and round
-        for workload, prompts in [(w, p) for w in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling])
-                                  for p in rounds]:
-            if prompts is rounds[0]:
-                asyncio.run(run_clients(url, warmup, args.output_len, args.concurrency, args.api_key, workload,
-                                        args.max_tokens_unset, upstream=args.peer is not None))  # warm-up
+        for workload, jobs in [(w, j) for w in (["greedy", "sampled"] if args.sampling == "both" else [args.sampling])
+                               for j in rounds]:
+            if jobs is rounds[0]:
+                asyncio.run(run_clients(url, warmup, args.concurrency, args.api_key, workload, args.max_tokens_unset,
+                                        upstream=args.peer is not None))  # warm-up
             before = group_cpu(proc.pid) if proc is not None else {}
             since = time.time()
             try:
-                results, wall, client_cpu = run_measured(url, prompts, args.output_len, args.concurrency,
-                                                         args.api_key, args.client_procs, workload,
-                                                         args.max_tokens_unset, args.peer is not None)
+                results, wall, client_cpu = run_measured(url, jobs, args.concurrency, args.api_key,
+                                                         args.client_procs, workload, args.max_tokens_unset,
+                                                         args.peer is not None)
             except ClientFailed as e:
                 sys.exit(f"bench_serving: {e}" + (f"; the end of the server's log:\n{log_tail(log, 60)}" if proc else ""))
             cpu = [(f"client {i}" if len(client_cpu) > 1 else "this client", sec) for i, sec in enumerate(client_cpu)]
@@ -483,22 +506,28 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
     name = f"random {args.random_config.stem}" if args.random_config else Path(model).name
-    output = "chat, max_tokens unset (to EOS)" if args.max_tokens_unset else f"{args.output_len} output tokens each"
+    output = ("chat, max_tokens unset (to EOS)" if args.max_tokens_unset else
+              f"output tokens uniform in [{lengths[0]}, {lengths[1]}] each" if lengths else
+              f"{args.output_len} output tokens each")
+    prompt_len = f"prompt tokens uniform in ~[{lengths[0]}, {lengths[1]}]" if lengths else f"~{args.input_len} prompt tokens"
     by_workload: Dict[str, list] = {}
     for run in runs:
         by_workload.setdefault(run[0], []).append(run)
-    shown = [median_round(group, wall=lambda run: run[2]) for group in by_workload.values()]
+    def rate(run) -> float:
+        return sum(r.output_tokens for r in run[1]) / run[2]
+
+    shown = [median_round(group, rate) for group in by_workload.values()]
     for group in by_workload.values():
         if len(group) > 1:
-            walls = ", ".join(f"{sum(r.output_tokens for r in run[1]) / run[2]:.1f}"
-                              for run in sorted(group, key=lambda run: run[2]))
-            print(f"\n{group[0][0]}: {len(group)} rounds, output tok/s {walls}; the tables below are the median round")
+            rates = ", ".join(f"{rate(run):.1f}" for run in group)
+            print(f"\n{group[0][0]}: {len(group)} rounds, output tok/s {rates} (in round order); the tables below "
+                  "are the median round")
     for workload, results, wall, cpu, stages in shown:
         tokens = sum(r.output_tokens for r in results)
         rows = [("TTFT (s)", [r.ttft for r in results]), ("TPOT (ms)", [r.tpot * 1000 for r in results]),
                 ("E2E (s)", [r.e2e for r in results])]
         print(f"\nmodel {name}, {workload} ({', '.join(f'{k} {v}' for k, v in SAMPLING[workload].items())}), "
-              f"{args.num_requests} requests, {args.concurrency} concurrent, ~{args.input_len} prompt tokens, {output}, "
+              f"{args.num_requests} requests, {args.concurrency} concurrent, {prompt_len}, {output}, "
               f"{args.client_procs} client process{'es' if args.client_procs > 1 else ''}")
         print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
         for row, xs in rows:
@@ -525,9 +554,9 @@ def main() -> None:
     elif use_hf:
         hf_model = load_hf(model)
         for batch in sorted({1, args.concurrency}):
-            done = [hf_baseline(hf_model, p, args.output_len, batch) for p in rounds]
-            lat, hf_wall = median_round(done, wall=lambda x: x[1])  # as for minisgl
-            hf = tokens / hf_wall
+            done = [(*hf_baseline(hf_model, jobs, batch), sum(n for _, n in jobs)) for jobs in rounds]
+            lat, hf_wall, hf_tokens = median_round(done, lambda x: x[2] / x[1])  # as for minisgl
+            hf = hf_tokens / hf_wall
             how = "one request at a time" if batch == 1 else f"static batches of {batch} (generate, left padding)"
             med = f" (median of {len(done)} rounds)" if len(done) > 1 else ""
             print(f"transformers, {how}: {hf_wall:.1f} s{med}, {hf:.1f} output tok/s, E2E p50 {pct(lat, 50):.3f} s; "
