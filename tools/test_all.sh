@@ -88,6 +88,8 @@ beside_the_build() {
   echo; echo "--- benchmarks/bench_serving.py --stages (smoke: every stream complete; the stage tracer still fits the server)"
   OMP_NUM_THREADS=1 "$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --input-len 16 --output-len 8 \
     --client-procs 2 --no-hf-baseline --stages
+  echo; echo "--- benchmarks/bench_serving.py --lengths --rounds 2 (smoke: per-request lengths, median rounds, both transformers baselines)"
+  OMP_NUM_THREADS=1 "$PY" benchmarks/bench_serving.py --concurrency 4 --num-requests 8 --lengths 5 12 --rounds 2
   echo; echo "--- benchmarks/bench_tokenizer_queue.py (smoke: it still drives a tokenize_worker)"
   OMP_NUM_THREADS=1 "$PY" benchmarks/bench_tokenizer_queue.py --rates 5000 --seconds 1
 }
