@@ -513,7 +513,8 @@ def main() -> None:
     by_workload: Dict[str, list] = {}
     for run in runs:
         by_workload.setdefault(run[0], []).append(run)
-    def rate(run) -> float:
+
+    def rate(run) -> float:  # output tokens per second of one measured run
         return sum(r.output_tokens for r in run[1]) / run[2]
 
     shown = [median_round(group, rate) for group in by_workload.values()]
