@@ -9,7 +9,8 @@ and copying them to the device) plus the device work of `sample` (and `logprobs`
 calls: the median of this process's CPU time on CPU (a busy machine inflates wall time, not CPU time much), of
 wall time with a synchronize after each call on CUDA. The logits are synthetic but shaped like a language model's: each row
 is a random permutation of -log(rank) plus a little noise (Zipf-like); the header prints how many tokens the
-top_p=0.9 nucleus at T=0.7 keeps. Every request sits at position 256 with a 256-token context (what the penalties read).
+top_p=0.9 nucleus at T=0.7 keeps. Every request sits at position 256 with a 256-token context (what the penalties read),
+held in a token table on the device and passed to `prepare` as the scheduler passes its own (chapter 11).
 
 Rows: greedy; T=0.7; T=0.7 + top_p=0.9; T=0.7 + top_k=50; the same as the third with a per-request seed;
 T=0.7 + top_p=0.9 + presence_penalty; greedy + logprobs (top 5). "vs greedy" divides by the greedy row.
@@ -108,9 +109,10 @@ def main() -> None:
         logits = zipf_logits(B, V, device, dtype)
         for name, sp in SETTINGS:
             reqs = make_reqs(B, sp, V)
+            pool = torch.stack([r.input_ids for r in reqs]).to(device)  # [B, CONTEXT]：row table_idx = i
 
             def step() -> None:
-                args_ = sampler.prepare(reqs)
+                args_ = sampler.prepare(reqs, token_pool=pool)
                 tokens = sampler.sample(logits, args_)
                 sampler.logprobs(logits, tokens, args_)
 
