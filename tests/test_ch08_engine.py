@@ -290,6 +290,14 @@ def run_race_cases() -> None:
     ks = torch.tensor([5, 17, 29, 31, 37, 41], dtype=torch.int64)
     batch = race(rows, ks, 0.8, V, 0.9, 0.0)
     assert batch.tolist() == [race(rows[i:i + 1], ks[i:i + 1], 0.8, V, 0.9, 0.0).item() for i in range(6)]
+    # 分块：一行切成 5 块（V = 300，一块 64 个词），分块赛 1 轮就交给 race_finish、分块赛 3 轮，抽到同一个词
+    wide = torch.randn(48, 300, generator=torch.Generator().manual_seed(2)) * 2
+    wide[3] = torch.nan
+    for T, k, p, min_p in ((1.0, 300, 1.0, 0.0), (0.7, 300, 0.3, 0.0), (1.5, 20, 1.0, 0.2)):
+        args = (wide, keys[:48], *[torch.full((48,), v, dtype=d) for v, d in ((T, torch.float32), (k, torch.int64), (p, torch.float32))],
+                torch.full((48,), min_p) if min_p else None)
+        assert torch.equal(race_sample(*args, rounds=1, chunk=64), race_sample(*args, rounds=3, chunk=64))
+        assert torch.equal(race_sample(*args, rounds=1, chunk=64), race_sample(*args))  # 一整块
     # 坏行：NaN 的行不越界；只剩一个词的行抽到它
     assert 0 <= race(torch.full((1, V), torch.nan), ks[:1], 1.0, 5, 0.9, 0.1).item() < V
     one = torch.full((1, V), -torch.inf)
@@ -299,7 +307,8 @@ def run_race_cases() -> None:
 
 def test_race_sample_interpreted() -> None:
     """GPU 上带 seed 的采样 kernel，在 CPU 上用 Triton 的解释器逐行执行（第 4 章 conftest 的 run_interpreted）：
-    采到的词都在集合里、频率与按定义算的分布相符（四种组合，400 次）；top-k 加 top-p；与批无关；NaN 的行不越界。"""
+    采到的词都在集合里、频率与按定义算的分布相符（四种组合，400 次）；top-k 加 top-p；与批无关；一行切成几块、分块赛
+    几轮都抽到同一个词；NaN 的行不越界。"""
     run_interpreted("test_ch08_engine", "run_race_cases")
 
 
@@ -597,16 +606,17 @@ def test_gpu_sampling_keeps_the_filters_and_the_distribution(kw: Dict[str, float
 
 @pytest.mark.gpu
 def test_gpu_seeded_rows_do_not_depend_on_the_batch() -> None:
-    """同样的 logits 行、同样的 (seed, 位置)：单独采和混在一批里采，GPU 上也是同一个词（logits 本身随批变是另一回事）。"""
+    """同样的 logits 行、同样的 (seed, 位置)：单独采和混在 40 行的一批里采（带 seed 的 17 行：race_sample 分块赛 3 轮，
+    单独时 1 轮），GPU 上也是同一个词（logits 本身随批变是另一回事）。"""
     dev, V = torch.device("cuda"), 151936
-    logits = (torch.randn(6, V, generator=torch.Generator().manual_seed(2)) * 2).to(dev, torch.bfloat16)
+    logits = (torch.randn(40, V, generator=torch.Generator().manual_seed(2)) * 2).to(dev, torch.bfloat16)
     sampler = Sampler(dev, V, random_seed=0)
     for sp in (SamplingParams(temperature=0.8, top_p=0.9, seed=11), SamplingParams(temperature=1.0, seed=12),
                SamplingParams(temperature=0.6, top_k=40, min_p=0.05, seed=13)):
         others = [SamplingParams(temperature=1.0), SamplingParams(), SamplingParams(temperature=0.5, top_k=5, seed=1),
-                  SamplingParams(temperature=0.9, top_p=0.5), SamplingParams(temperature=0.7, seed=2)]
+                  SamplingParams(temperature=0.9, top_p=0.5), SamplingParams(temperature=0.7, seed=2)] * 8
         alone = sampler.sample(logits[2:3], sampler.prepare(make_reqs([sp])))
-        mixed = sampler.sample(logits, sampler.prepare(make_reqs(others[:2] + [sp] + others[2:])))
+        mixed = sampler.sample(logits, sampler.prepare(make_reqs(others[:2] + [sp] + others[2:39])))
         assert alone.item() == mixed[2].item()
 
 

@@ -256,16 +256,17 @@ class Sampler:
         ps = [reqs[i].sampling_params for i in rows]
         ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
         floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]]
-        ints = [rows, ks]
+        ints = [np.array(rows, dtype=np.int64), np.array(ks, dtype=np.int64)]
         if kind != "flashinfer":  # 每行的随机数只由 (seed, 要采样的位置) 决定
             seeds = np.array([self._seed(reqs[i]) for i in rows], dtype=np.uint64)
             positions = np.array([reqs[i].device_len for i in rows], dtype=np.uint64)
             if kind == "race":  # 整个哈希当种子：右移一位，放得进 int64
-                ints.append((seeded_key(seeds, positions) >> np.uint64(1)).astype(np.int64).tolist())
+                ints.append((seeded_key(seeds, positions) >> np.uint64(1)).astype(np.int64))
             else:  # 逆 CDF：一个 u
                 floats.append(seeded_uniform(seeds, positions).tolist())
-        f = self._to_device(torch.tensor(floats, dtype=torch.float32))  # [3 或 4, G]
-        n = self._to_device(torch.tensor(ints, dtype=torch.int64))  # [2 或 3, G]
+        # 经 numpy 拼成张量：torch.tensor 逐个读 Python 列表里的数，批 256 时慢一倍
+        f = self._to_device(torch.from_numpy(np.array(floats, dtype=np.float32)))  # [3 或 4, G]
+        n = self._to_device(torch.from_numpy(np.stack(ints)))  # [2 或 3, G]
         return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0],
                            top_k=n[1], top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
                            uniform=f[3] if kind in ("full", "candidates") else None,
