@@ -347,7 +347,8 @@ class Sampler:
             assert g.keys is not None
             if g.k_max and g.any_top_p:  # 两个都开的行：先截 top-k，kernel 再在剩下的词上做 top-p
                 x = keep_top_k(x, g.top_k, g.top_p, g.k_max)
-            return race_sample(x, g.keys, g.temperatures, g.top_k, g.top_p, g.min_p)
+            filtered = g.k_max or g.any_top_p or g.min_p is not None  # 都没开：竞赛一轮就是答案
+            return race_sample(x, g.keys, g.temperatures, g.top_k, g.top_p, g.min_p, rounds=None if filtered else 1)
         assert g.uniform is not None
         x = x.float()  # [G, V]（GPU 上 logits 是 bf16）
         if g.kind == "full":

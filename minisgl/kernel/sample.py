@@ -13,8 +13,6 @@ from .fused import triton_kernel
 BLOCK = 4096  # 一段读 4096 个词
 CHUNK = 2 * BLOCK  # 一块 8192 个词，Qwen3 的词表一行 19 块：H100 上批 256、带 top_p 时比 16384 一块快一成
 NUM_WARPS = 8  # 每块 8 个 warp
-ROUNDS = 3  # 分块赛、查这么多轮，还没收下的行（很少）交给 race_finish
-SMALL_BATCH = 16  # 不超过这么多行时只分块赛一轮：一次 launch 在 CPU 上要二十多微秒，比批小时 GPU 上的一轮还贵
 MAX_ROUNDS = 32  # 拒绝这么多轮还没收下（几乎不会发生），就取 logit 最大的词：它总在集合里
 # 工作区 ws: [G, 10, S] float32，一行 10 个字段、每块一个值（词的编号也存成 float32，2^24 以内是精确的）：
 # 0 块里最大的 logit，1 它的编号；2、3 偶数轮这一块的最高分和赢家，4、5 奇数轮的（下一次 launch 读上一轮的，这一轮
@@ -83,7 +81,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
 
     @triton.jit
     def merged(w, base, S, par, SP: tl.constexpr):
-        """各块合起来：整行最大的 logit m 和它的编号 top，奇偶为 par 的那一轮的赢家 j（最高分最早出现的那一块的）和它的 logit。"""
+        """各块合起来 → (整行最大的 logit m, 它的编号 top, 奇偶为 par 的那一轮的赢家 j：最高分最早出现的那一块的，float32)。"""
         ms = gather(w, S, 0, SP, -float("inf"))
         top = tl.load(w + S + tl.argmax(ms, 0)).to(tl.int32)
         j = tl.load(w + (3 + 2 * par) * S + tl.argmax(gather(w, S, 2 + 2 * par, SP, -float("inf")), 0))
@@ -191,6 +189,13 @@ def _kernels(triton: Any, tl: Any) -> Any:
     return race_chunk, check_chunk, race_finish
 
 
+def chunked_rounds(G: int) -> int:
+    """G 行开了过滤的采样分块赛几轮，之后还没收下的行交给 race_finish。多一轮是两次 launch（H200 的宿主机上一轮约
+    60–80 µs，多半花在 CPU 上发射），一行落到 race_finish 约 0.13 ms；行越多，赛完几轮还剩下的行越多，多赛一轮越划算。
+    分界是 H200 上批 1–256 扫出来的。"""
+    return 1 if G <= 4 else 2 if G <= 64 else 3
+
+
 def race_sample_supported() -> bool:
     """有 Triton 就能用（GPU 上；CPU 上只有 Triton 的解释器，TRITON_INTERPRET=1，测试用它逐行执行这些 kernel）。"""
     return _kernels() is not None
@@ -201,16 +206,17 @@ def race_sample(x: torch.Tensor, keys: torch.Tensor, temperatures: torch.Tensor,
                 chunk: int = CHUNK) -> torch.Tensor:
     """x: [G, V] logits（bf16 或 float32，行内连续；−inf 的词抽不到）；keys: [G] int64 随机数种子；temperatures、
     top_p、min_p: [G] float32（min_p 整组没开时为 None）；top_k: [G] int64（V 表示不截）→ [G] int32。
-    rounds（分块赛几轮，默认按批大小）和 chunk（一块几个词）不改变抽到的词，只改变快慢；测试用它们把两条路都走到。"""
+    rounds（分块赛几轮，默认 chunked_rounds(G)；整组都没开过滤时给 1：赢家第一轮就定下）和 chunk（一块几个词）
+    不改变抽到的词，只改变快慢；测试用它们把两条路都走到。"""
     G, V = x.shape
     assert x.stride(1) == 1 and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and V < 2**24
     race_chunk, check_chunk, race_finish = _kernels()
     block = max(16, min(BLOCK, chunk, 1 << (V - 1).bit_length()))
     chunk = max(1, min(chunk // block, -(-V // block))) * block  # 整数段，不超过一行
     S = -(-V // chunk)
-    rounds = max(1, (1 if G <= SMALL_BATCH else ROUNDS) if rounds is None else rounds)
+    rounds = max(1, chunked_rounds(G) if rounds is None else rounds)
     out = torch.empty(G, dtype=torch.int32, device=x.device)
-    ws = torch.empty(G, 10, S, device=x.device)
+    ws = torch.zeros(G, 10, S, device=x.device)  # 定下来的行之后几轮的字段不写，也照样被读（结果不用）：不能是 NaN
     args = (temperatures, top_k, top_p, top_p if min_p is None else min_p, out, ws, V, S)
     meta = dict(BLOCK=block, SP=1 << (S - 1).bit_length(), HAS_MIN_P=min_p is not None, num_warps=NUM_WARPS)
     for r in range(rounds):
