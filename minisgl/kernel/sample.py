@@ -12,7 +12,7 @@ from .fused import triton_kernel
 
 BLOCK = 4096  # 一段读 4096 个词
 CHUNK = 2 * BLOCK  # 一块 8192 个词，Qwen3 的词表一行 19 块：H100 上批 256、带 top_p 时比 16384 一块快一成
-NUM_WARPS = 8  # 每块 8 个 warp
+NUM_WARPS = 8  # 每块 8 个 warp：H100 上批 256 时比 4 个快一成
 MAX_ROUNDS = 32  # 拒绝这么多轮还没收下（几乎不会发生），就取 logit 最大的词：它总在集合里
 # 工作区 ws: [G, 10, S] float32，一行 10 个字段、每块一个值（词的编号也存成 float32，2^24 以内是精确的）：
 # 0 块里最大的 logit，1 它的编号；2、3 偶数轮这一块的最高分和赢家，4、5 奇数轮的（下一次 launch 读上一轮的，这一轮
@@ -80,7 +80,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
         return tl.load(w + field * S + ii, mask=ii < S, other=other)
 
     @triton.jit
-    def merged(w, base, S, par, SP: tl.constexpr):
+    def merged(w, S, par, SP: tl.constexpr):
         """各块合起来 → (整行最大的 logit m, 它的编号 top, 奇偶为 par 的那一轮的赢家 j：最高分最早出现的那一块的，float32)。"""
         ms = gather(w, S, 0, SP, -float("inf"))
         top = tl.load(w + S + tl.argmax(ms, 0)).to(tl.int32)
@@ -111,7 +111,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
                 tl.store(w + 9 * S, 0.0)
         else:  # 先判上一轮的赢家：每一块都算一遍（读的是同样的几个数，结论相同），第 0 块写结果
             undecided = tl.load(w + 9 * S) == 0.0
-            m, top, j = merged(w, base, S, (RND - 1) % 2, SP)
+            m, top, j = merged(w, S, (RND - 1) % 2, SP)
             j = tl.where(undecided, j, 0.0).to(tl.int32)  # 定下来的行，这一轮的字段没写过
             xj = tl.load(base + j).to(tl.float32)
             min_p = tl.load(min_ps + row) if HAS_MIN_P else 0.0
@@ -138,7 +138,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
         w = ws + row * 10 * S
         if tl.load(w + 9 * S) == 0.0:
             base = x_ptr + row.to(tl.int64) * row_stride
-            m, top, j = merged(w, base, S, RND % 2, SP)  # 这一轮的赢家
+            m, top, j = merged(w, S, RND % 2, SP)  # 这一轮的赢家
             j = j.to(tl.int32)
             k = tl.load(top_ks + row)  # V：不截
             p = tl.load(top_ps + row)  # 1：不截
@@ -168,7 +168,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
             k = tl.load(top_ks + row)
             p = tl.load(top_ps + row)
             min_p = tl.load(min_ps + row) if HAS_MIN_P else 0.0
-            m, top, j = merged(w, base, S, (RND - 1) % 2, SP)
+            m, top, j = merged(w, S, (RND - 1) % 2, SP)
             j = j.to(tl.int32)
             xj = tl.load(base + j).to(tl.float32)
             rnd = k * 0 + RND
