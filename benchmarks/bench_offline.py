@@ -12,6 +12,8 @@ N at once is timed, from an empty prefix cache (flushed before every timed run, 
 prefill of an earlier one). Throughput = output tokens / seconds. The same LLM then runs the same prompts and lengths
 sampled (temperature 0.7, top_p 0.9, no seed: what a chat client sends), and that row's "vs minisgl" is its
 throughput over the greedy row's (--sampling greedy skips it; --sampling sampled runs only the sampled one).
+--sampling all adds a third run, sampled the same way with a seed per request (seed = the request's index): the
+path that makes a request's tokens reproducible (chapter 8's race_sample on a GPU).
 
 transformers does the same work two ways, in the same process, on the same weights and dtype:
   - `generate` in static batches of --hf-batch, in submission order, left padding; max_new_tokens =
@@ -94,6 +96,7 @@ def timed(fn: Callable[[], int], device: str) -> Tuple[int, float]:
 
 
 SAMPLED = "sampled (T=0.7, top_p=0.9)"
+SEEDED = "sampled with a seed per request (T=0.7, top_p=0.9)"
 
 
 def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | None = None,
@@ -121,9 +124,10 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     llm = LLM(str(path), **kw)
     llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up
 
-    def go(ps, outs, sampled: bool = False) -> int:
-        t = dict(temperature=0.7, top_p=0.9) if sampled else dict(temperature=0.0)
-        params = [SamplingParams(ignore_eos=True, max_tokens=n, **t) for n in outs]
+    def go(ps, outs, sampled: bool = False, seeded: bool = False) -> int:
+        t = dict(temperature=0.7, top_p=0.9) if sampled or seeded else dict(temperature=0.0)
+        params = [SamplingParams(ignore_eos=True, max_tokens=n, seed=i if seeded else None, **t)
+                  for i, n in enumerate(outs)]
         got = [len(o["token_ids"]) for o in llm.generate(ps, params, use_tqdm=False)]
         assert got == list(outs), "minisgl produced a different number of tokens than asked"
         return sum(got)
@@ -143,10 +147,12 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
         return timed(fn, args.device)
 
     rows = []
-    if sampling in ("both", "greedy"):
+    if sampling in ("both", "all", "greedy"):
         rows.append((desc, *cold(lambda: go(prompts, outputs))))
-    if sampling in ("both", "sampled"):
+    if sampling in ("both", "all", "sampled"):
         rows.append((f"{desc} · {SAMPLED}", *cold(lambda: go(prompts, outputs, sampled=True))))
+    if sampling in ("all", "seeded"):
+        rows.append((f"{desc} · {SEEDED}", *cold(lambda: go(prompts, outputs, seeded=True))))
     for k in subsets:
         rows.append((f"{desc} · first {k}", *cold(lambda: go(prompts[:k], outputs[:k]))))
     if profile:
@@ -338,9 +344,10 @@ def main() -> None:
     ap.add_argument("--hf-seqs", type=int, default=None,
                     help="run transformers on the first K sequences only, and minisgl on them too for the ratio "
                          "(default: all on CPU, 64 with --gpu, where transformers takes minutes)")
-    ap.add_argument("--sampling", choices=["both", "greedy", "sampled"], default="both",
+    ap.add_argument("--sampling", choices=["both", "greedy", "sampled", "seeded", "all"], default="both",
                     help="the first configuration runs greedy and sampled (T=0.7, top_p=0.9) back to back (default), "
-                         "or one of them; the other configurations run greedy")
+                         "or one of them; all: greedy, sampled, and sampled with a seed per request; the other "
+                         "configurations run greedy")
     ap.add_argument("--profile", action="store_true", help="profile the first minisgl configuration (torch profiler), on a new engine after every timed run")
     ap.add_argument("--host-profile", action="store_true", help="with --profile: also cProfile the host side")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
@@ -441,12 +448,15 @@ def print_rows(rows: List[Tuple[str, int | None, float | None]]) -> None:
     """The table; "vs minisgl" compares each row with the first greedy minisgl row over the same sequences
     (a sampled row with the greedy row of its configuration)."""
     def tags(desc: str) -> List[str]:
-        return [t for t in desc.split(" · ")[1:] if t != SAMPLED]
+        return [t for t in desc.split(" · ")[1:] if t not in (SAMPLED, SEEDED)]
+
+    def sampled(desc: str) -> bool:
+        return SAMPLED in desc or SEEDED in desc
 
     def base_for(desc: str) -> float:
         for d, t, s in rows:
-            if d.startswith("minisgl") and SAMPLED not in d and tags(d) == tags(desc) and t:
-                if SAMPLED not in desc or d == desc.split(" · ")[0]:
+            if d.startswith("minisgl") and not sampled(d) and tags(d) == tags(desc) and t:
+                if not sampled(desc) or d == desc.split(" · ")[0]:
                     return t / s
         return float("nan")
 

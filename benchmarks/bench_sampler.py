@@ -7,7 +7,10 @@
 What one decode step pays after the LM head: the host work of `prepare` (building the batch's sampling arguments
 and copying them to the device) plus the device work of `sample` (and `logprobs`), timed together over --iters
 calls: the median of this process's CPU time on CPU (a busy machine inflates wall time, not CPU time much), of
-wall time with a synchronize after each call on CUDA. The logits are synthetic but shaped like a language model's: each row
+wall time with a synchronize after each call on CUDA. On CUDA a second table gives the GPU time of `sample` (and
+`logprobs`) alone, with the arguments prepared once: --iters calls queued behind a sleeping kernel, timed by CUDA events.
+That is what a decode step pays when the scheduler overlaps (chapter 11): the host work of the next step's `prepare`
+and of launching the kernels runs while the GPU is still busy with the forward. The logits are synthetic but shaped like a language model's: each row
 is a random permutation of -log(rank) plus a little noise (Zipf-like); the header prints how many tokens the
 top_p=0.9 nucleus at T=0.7 keeps. Every request sits at position 256 with a 256-token context (what the penalties read),
 held in a token table on the device and passed to `prepare` as the scheduler passes its own (chapter 11).
@@ -78,6 +81,22 @@ def time_ms(fn: Callable[[], None], device: torch.device, iters: int) -> float:
     return statistics.median(times)
 
 
+def gpu_ms(fn: Callable[[], None], device: torch.device, iters: int) -> float:
+    """The GPU time of one call: iters calls queued while the GPU sleeps (so the host's launch cost is hidden), the
+    span between two events around them, divided by iters."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(5e8))  # ~0.25 s at 2 GHz: longer than queueing the calls takes
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / iters
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -96,7 +115,7 @@ def main() -> None:
     sizes = args.batch_sizes or ([1, 8, 64, 256] if cuda else [1, 8, 32])
     iters = args.iters or (200 if cuda else 20)
     V = args.vocab
-    sampler = Sampler(device, V, random_seed=0, use_flashinfer=not args.no_flashinfer)
+    sampler = Sampler(device, V, random_seed=0, use_flashinfer=not args.no_flashinfer, dtype=dtype)
     fi = ("inverse CDF for every row" if not cuda else
           "FlashInfer for unseeded rows, race_sample for seeded ones" if sampler._fi is not None else
           "race_sample for every row")
@@ -104,7 +123,7 @@ def main() -> None:
     probe = zipf_logits(1, V, torch.device("cpu"), torch.float32)[0]
     p = (probe / 0.7).softmax(-1).sort(descending=True).values
     nucleus = int((p.cumsum(-1) - p <= 0.9).sum())
-    table = {}
+    table, gpu_table = {}, {}
     for B in sizes:
         logits = zipf_logits(B, V, device, dtype)
         for name, sp in SETTINGS:
@@ -118,11 +137,23 @@ def main() -> None:
 
             with torch.inference_mode():
                 table[name, B] = time_ms(step, device, iters)
+                if cuda:
+                    prepared = sampler.prepare(reqs, token_pool=pool)
+                    gpu_table[name, B] = gpu_ms(
+                        lambda: sampler.logprobs(logits, sampler.sample(logits, prepared), prepared), device, iters)
 
     clock = "wall time" if cuda else "process CPU time"
     print(f"Sampler.prepare + sample on {device} ({fi}), vocab {V}, {dtype} logits, "
           f"{torch.get_num_threads()} thread(s); median {clock} of {iters} calls, and the ratio to greedy; "
           f"T=0.7 top_p=0.9 keeps {nucleus} tokens")
+    print_table(table, sizes)
+    if cuda:
+        print(f"\nGPU time of sample (+ logprobs) alone, arguments prepared once: {iters} calls queued behind a "
+              f"sleeping kernel, CUDA events; the ratio to greedy")
+        print_table(gpu_table, sizes)
+
+
+def print_table(table, sizes: List[int]) -> None:
     w = max(len(n) for n, _ in SETTINGS)
     print(f"{'setting':<{w}} " + " ".join(f"{'B=' + str(B):>17}" for B in sizes))
     for name, _ in SETTINGS:

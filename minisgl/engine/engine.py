@@ -79,7 +79,7 @@ class Engine:
         moe_backend = create_moe_backend(moe) if moe else None
         self.ctx = Context(config.page_size, self.page_table, self.kv_cache, attn_backend, moe_backend)
         set_global_ctx(self.ctx)
-        self.sampler = Sampler(self.device, mc.vocab_size, self._random_seed())
+        self.sampler = Sampler(self.device, mc.vocab_size, self._random_seed(), dtype=self.dtype)
         self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
         logger.info_rank0(f"engine: {mc.architecture} {self.dtype} on {self.device}, attention {attn}"
                           f"{f', moe {moe}' if moe else ''}, {self.num_threads} CPU thread(s), KV pool {self.num_pages} pages x {config.page_size} tokens "

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from minisgl.core import Req, SamplingParams
-from minisgl.kernel import race_sample, race_sample_supported
+from minisgl.kernel import race_sample, race_sample_supported, warm_race_sample
 
 # B = 请求数，V = 词表，G = 一组采样的行数，K = 候选词数，P = 要做惩罚的行数，L = 其中最长的上下文，W = ceil(V / 32)
 
@@ -188,7 +188,8 @@ class Sampler:
     """
 
     def __init__(self, device: torch.device, vocab_size: int, random_seed: int,
-                 use_flashinfer: bool = True) -> None:
+                 use_flashinfer: bool = True, dtype: torch.dtype = torch.float32) -> None:
+        """dtype：模型输出的 logits 的 dtype（GPU 上为它预先编译 race_sample）。"""
         self.device, self.vocab_size, self.random_seed = device, vocab_size, random_seed
         self._fi = _flashinfer_sampling() if use_flashinfer and device.type == "cuda" else None
         self._generator: torch.Generator | None = None  # FlashInfer 用；第一次用时建
@@ -196,6 +197,9 @@ class Sampler:
         if self._fi is not None:  # FlashInfer 第一次用采样 kernel 时现场编译（一分钟上下）：放在启动时，不让第一个请求等
             probs = self._fi.softmax(torch.zeros(1, vocab_size, device=device), temperature=1.0)  # [1, V]
             self._fi.top_p_sampling_from_probs(probs, 0.9, generator=torch.Generator(device=device).manual_seed(0))
+        if self._race:  # race_sample 的 kernel 也一样（Triton 编译）：logits 的 dtype，和处理过的 logits 的 float32
+            for dt in dict.fromkeys([dtype, torch.float32]):
+                warm_race_sample(vocab_size, dt, device)
 
     def prepare(self, reqs: List[Req], *, token_pool: torch.Tensor | None = None,
                 prompt_lens: Sequence[int] | None = None) -> BatchSamplingArgs:
@@ -264,10 +268,17 @@ class Sampler:
                 ints.append((seeded_key(seeds, positions) >> np.uint64(1)).astype(np.int64))
             else:  # 逆 CDF：一个 u
                 floats.append(seeded_uniform(seeds, positions).tolist())
-        # 经 numpy 拼成张量：torch.tensor 逐个读 Python 列表里的数，批 256 时慢一倍
-        f = self._to_device(torch.from_numpy(np.array(floats, dtype=np.float32)))  # [3 或 4, G]
-        n = self._to_device(torch.from_numpy(np.stack(ints)))  # [2 或 3, G]
-        return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0],
+        # 经 numpy 拼成张量（torch.tensor 逐个读 Python 列表里的数，批 256 时慢一倍）。每个字段占 Gp 列、从 16 字节
+        # 的边界开始：Triton 按指针对没对齐到 16 字节各编译一份 kernel，批的大小不该让 race_sample 多编译一次
+        G = len(rows)
+        Gp = -(-G // 4) * 4
+        f = np.zeros((len(floats), Gp), dtype=np.float32)
+        f[:, :G] = floats
+        n = np.zeros((len(ints), Gp), dtype=np.int64)
+        n[:, :G] = ints
+        f = self._to_device(torch.from_numpy(f))[:, :G]  # [3 或 4, G]
+        n = self._to_device(torch.from_numpy(n))[:, :G]  # [2 或 3, G]
+        return SampleGroup(kind=kind, rows=None if G == len(reqs) else n[0], temperatures=f[0],
                            top_k=n[1], top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
                            uniform=f[3] if kind in ("full", "candidates") else None,
                            keys=n[2] if kind == "race" else None,

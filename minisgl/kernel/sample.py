@@ -93,10 +93,11 @@ def _kernels(triton: Any, tl: Any) -> Any:
         return keep(tl.sum(gather(w, S, 6, SP, 0.0), 0), tl.sum(gather(w, S, 7, SP, 0.0), 0),
                     tl.sum(gather(w, S, 8, SP, 0.0), 0), xj, m, inv_t, k, p, min_p)
 
-    @triton.jit
-    def race_chunk(x_ptr, row_stride, keys, temperatures, top_ks, top_ps, min_ps, out, ws, V, S,
-                   RND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr,
-                   HAS_MIN_P: tl.constexpr):
+    # RND（第几轮）和 HAS_MIN_P（整组开没开 min-p）是运行时的整数，不是 constexpr：Triton 给 constexpr 的每个值、
+    # 给等于 1 或能被 16 整除的整数各编译一份，一份约一秒。不特化，每个 kernel 对每种 logits 的 dtype 只编译一次
+    @triton.jit(do_not_specialize=["RND", "HAS_MIN_P"])
+    def race_chunk(x_ptr, row_stride, keys, temperatures, top_ks, top_ps, min_ps, out, ws, V, S, RND, HAS_MIN_P,
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr):
         row = tl.program_id(0)
         s = tl.program_id(1)  # 这一行的第 s 块：词 [lo, hi)
         lo = s * CHUNK
@@ -114,7 +115,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
             m, top, j = merged(w, S, (RND - 1) % 2, SP)
             j = tl.where(undecided, j, 0.0).to(tl.int32)  # 定下来的行，这一轮的字段没写过
             xj = tl.load(base + j).to(tl.float32)
-            min_p = tl.load(min_ps + row) if HAS_MIN_P else 0.0
+            min_p = tl.where(HAS_MIN_P != 0, tl.load(min_ps + row), 0.0)
             ok = checked(w, S, SP, xj, m, inv_t, tl.load(top_ks + row), tl.load(top_ps + row), min_p)
             if undecided & ok & (s == 0):
                 tl.store(out + row, j)
@@ -129,10 +130,9 @@ def _kernels(triton: Any, tl: Any) -> Any:
                 tl.store(w + s, m)
                 tl.store(w + S + s, top.to(tl.float32))
 
-    @triton.jit
-    def check_chunk(x_ptr, row_stride, temperatures, top_ks, top_ps, min_ps, out, ws, V, S,
-                    RND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr,
-                    HAS_MIN_P: tl.constexpr):
+    @triton.jit(do_not_specialize=["RND", "HAS_MIN_P"])
+    def check_chunk(x_ptr, row_stride, temperatures, top_ks, top_ps, min_ps, out, ws, V, S, RND, HAS_MIN_P,
+                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr):
         row = tl.program_id(0)
         s = tl.program_id(1)
         w = ws + row * 10 * S
@@ -142,7 +142,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
             j = j.to(tl.int32)
             k = tl.load(top_ks + row)  # V：不截
             p = tl.load(top_ps + row)  # 1：不截
-            min_p = tl.load(min_ps + row) if HAS_MIN_P else 0.0
+            min_p = tl.where(HAS_MIN_P != 0, tl.load(min_ps + row), 0.0)
             if (k < V) | (p < 1.0) | (min_p > 0.0):  # 第二遍：比 j 大的词有几个、概率加起来多少
                 lo = s * CHUNK
                 xj = tl.load(base + j).to(tl.float32)
@@ -155,10 +155,9 @@ def _kernels(triton: Any, tl: Any) -> Any:
                 tl.store(out + row, j)
                 tl.store(w + 9 * S, 1.0)
 
-    @triton.jit
-    def race_finish(x_ptr, row_stride, keys, temperatures, top_ks, top_ps, min_ps, out, ws, V, S,
-                    RND: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr, MAX_ROUNDS: tl.constexpr,
-                    HAS_MIN_P: tl.constexpr):
+    @triton.jit(do_not_specialize=["RND", "HAS_MIN_P"])
+    def race_finish(x_ptr, row_stride, keys, temperatures, top_ks, top_ps, min_ps, out, ws, V, S, RND, HAS_MIN_P,
+                    BLOCK: tl.constexpr, SP: tl.constexpr, MAX_ROUNDS: tl.constexpr):
         row = tl.program_id(0)
         w = ws + row * 10 * S
         if tl.load(w + 9 * S) == 0.0:  # 分块的几轮里还没收下的行：一行一个程序实例，在整行上接着赛
@@ -167,7 +166,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
             inv_t = 1.0 / tl.load(temperatures + row)
             k = tl.load(top_ks + row)
             p = tl.load(top_ps + row)
-            min_p = tl.load(min_ps + row) if HAS_MIN_P else 0.0
+            min_p = tl.where(HAS_MIN_P != 0, tl.load(min_ps + row), 0.0)
             m, top, j = merged(w, S, (RND - 1) % 2, SP)
             j = j.to(tl.int32)
             xj = tl.load(base + j).to(tl.float32)
@@ -218,9 +217,18 @@ def race_sample(x: torch.Tensor, keys: torch.Tensor, temperatures: torch.Tensor,
     out = torch.empty(G, dtype=torch.int32, device=x.device)
     ws = torch.zeros(G, 10, S, device=x.device)  # 定下来的行之后几轮的字段不写，也照样被读（结果不用）：不能是 NaN
     args = (temperatures, top_k, top_p, top_p if min_p is None else min_p, out, ws, V, S)
-    meta = dict(BLOCK=block, SP=1 << (S - 1).bit_length(), HAS_MIN_P=min_p is not None, num_warps=NUM_WARPS)
+    meta = dict(BLOCK=block, SP=1 << (S - 1).bit_length(), num_warps=NUM_WARPS)
+    has_min_p = int(min_p is not None)
     for r in range(rounds):
-        race_chunk[(G, S)](x, x.stride(0), keys, *args, RND=r, CHUNK=chunk, **meta)
-        check_chunk[(G, S)](x, x.stride(0), *args, RND=r, CHUNK=chunk, **meta)
-    race_finish[(G,)](x, x.stride(0), keys, *args, RND=rounds, MAX_ROUNDS=MAX_ROUNDS, **meta)
+        race_chunk[(G, S)](x, x.stride(0), keys, *args, r, has_min_p, CHUNK=chunk, **meta)
+        check_chunk[(G, S)](x, x.stride(0), *args, r, has_min_p, CHUNK=chunk, **meta)
+    race_finish[(G,)](x, x.stride(0), keys, *args, rounds, has_min_p, MAX_ROUNDS=MAX_ROUNDS, **meta)
     return out
+
+
+def warm_race_sample(vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    """在 [1, V] 的假 logits 上跑一次 race_sample：Triton 在这时编译三个 kernel（dtype 每种一份，每个约一秒；
+    之后从磁盘上的缓存读），不让第一个带 seed 的请求等。"""
+    one = torch.ones(1, device=device)
+    race_sample(torch.zeros(1, vocab_size, dtype=dtype, device=device), torch.zeros(1, dtype=torch.int64, device=device),
+                one, torch.full((1,), vocab_size, dtype=torch.int64, device=device), one * 0.9, None)
