@@ -622,6 +622,32 @@ def test_gpu_seeded_rows_do_not_depend_on_the_batch() -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_race_sample_compiles_once_per_dtype() -> None:
+    """Sampler 启动时编译好 race_sample 的三个 kernel（bf16 和 float32 各一份）；之后批的大小（指针对齐、行数）、
+    第几轮、有没有 min-p、有没有惩罚都不再让 Triton 编译：服务中途的编译会让一步 decode 停下来等。"""
+    from minisgl.kernel import sample as kernel_sample
+
+    def variants() -> List[int]:  # Triton 3.x 的每个 @jit 函数：device_caches[设备] = (编译好的 kernel 表, …)
+        caches = [getattr(k, "device_caches", None) for k in kernel_sample._kernels()]
+        if not all(isinstance(c, dict) for c in caches):
+            pytest.skip("this Triton keeps its compiled kernels elsewhere")
+        return [sum(len(v[0]) for v in c.values()) for c in caches]
+
+    dev, V = torch.device("cuda"), 151936
+    sampler = Sampler(dev, V, random_seed=0, dtype=torch.bfloat16)
+    warm = variants()  # 别的测试（别的词表大小）先编译过的也算在里面
+    for B in (1, 2, 3, 5, 9, 33, 64, 65, 130):
+        logits = (torch.randn(B, V, generator=torch.Generator().manual_seed(B)) * 2).to(dev, torch.bfloat16)
+        for sp in (SamplingParams(temperature=0.7, top_p=0.9, seed=1), SamplingParams(temperature=0.7, min_p=0.05, seed=2),
+                   SamplingParams(temperature=0.7, seed=3),
+                   SamplingParams(temperature=0.7, top_p=0.9, presence_penalty=0.5, seed=4)):  # 惩罚：float32 的 logits
+            reqs = make_reqs([sp] * B)
+            sampler.sample(logits, sampler.prepare(reqs, token_pool=torch.stack([r.input_ids for r in reqs]).to(dev)))
+    torch.cuda.synchronize()
+    assert variants() == warm
+
+
+@pytest.mark.gpu
 def test_gpu_seeded_top_p_one_cuts_nothing() -> None:
     """带 seed、一组里有的行 top_p=0.9、有的行 top_p=1：top_p=1 的行与整组都不开 top-p 时抽到的词相同（u 相同）。"""
     dev, V, n = torch.device("cuda"), 151936, 512

@@ -94,7 +94,8 @@ def _kernels(triton: Any, tl: Any) -> Any:
                     tl.sum(gather(w, S, 8, SP, 0.0), 0), xj, m, inv_t, k, p, min_p)
 
     # RND（第几轮）和 HAS_MIN_P（整组开没开 min-p）是运行时的整数，不是 constexpr：Triton 给 constexpr 的每个值、
-    # 给等于 1 或能被 16 整除的整数各编译一份，一份约一秒。不特化，每个 kernel 对每种 logits 的 dtype 只编译一次
+    # 给等于 1 或能被 16 整除的整数各编译一份（在发射它的那一步里现场编译）。不特化，每个 kernel 对每种 logits 的
+    # dtype 只编译一次
     @triton.jit(do_not_specialize=["RND", "HAS_MIN_P"])
     def race_chunk(x_ptr, row_stride, keys, temperatures, top_ks, top_ps, min_ps, out, ws, V, S, RND, HAS_MIN_P,
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr):
@@ -227,7 +228,7 @@ def race_sample(x: torch.Tensor, keys: torch.Tensor, temperatures: torch.Tensor,
 
 
 def warm_race_sample(vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
-    """在 [1, V] 的假 logits 上跑一次 race_sample：Triton 在这时编译三个 kernel（dtype 每种一份，每个约一秒；
+    """在 [1, V] 的假 logits 上跑一次 race_sample：Triton 在这时编译三个 kernel（dtype 每种一份；
     之后从磁盘上的缓存读），不让第一个带 seed 的请求等。"""
     one = torch.ones(1, device=device)
     race_sample(torch.zeros(1, vocab_size, dtype=dtype, device=device), torch.zeros(1, dtype=torch.int64, device=device),
