@@ -124,9 +124,9 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     llm = LLM(str(path), **kw)
     llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up
 
-    def go(ps, outs, sampled: bool = False, seeded: bool = False) -> int:
-        t = dict(temperature=0.7, top_p=0.9) if sampled or seeded else dict(temperature=0.0)
-        params = [SamplingParams(ignore_eos=True, max_tokens=n, seed=i if seeded else None, **t)
+    def go(ps, outs, mode: str = "greedy") -> int:  # mode: greedy, sampled, seeded (sampled, seed = request index)
+        t = dict(temperature=0.0) if mode == "greedy" else dict(temperature=0.7, top_p=0.9)
+        params = [SamplingParams(ignore_eos=True, max_tokens=n, seed=i if mode == "seeded" else None, **t)
                   for i, n in enumerate(outs)]
         got = [len(o["token_ids"]) for o in llm.generate(ps, params, use_tqdm=False)]
         assert got == list(outs), "minisgl produced a different number of tokens than asked"
@@ -150,9 +150,9 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     if sampling in ("both", "all", "greedy"):
         rows.append((desc, *cold(lambda: go(prompts, outputs))))
     if sampling in ("both", "all", "sampled"):
-        rows.append((f"{desc} · {SAMPLED}", *cold(lambda: go(prompts, outputs, sampled=True))))
+        rows.append((f"{desc} · {SAMPLED}", *cold(lambda: go(prompts, outputs, "sampled"))))
     if sampling in ("all", "seeded"):
-        rows.append((f"{desc} · {SEEDED}", *cold(lambda: go(prompts, outputs, seeded=True))))
+        rows.append((f"{desc} · {SEEDED}", *cold(lambda: go(prompts, outputs, "seeded"))))
     for k in subsets:
         rows.append((f"{desc} · first {k}", *cold(lambda: go(prompts[:k], outputs[:k]))))
     if profile:

@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
@@ -153,7 +153,7 @@ def main() -> None:
         print_table(gpu_table, sizes)
 
 
-def print_table(table, sizes: List[int]) -> None:
+def print_table(table: Dict[Tuple[str, int], float], sizes: List[int]) -> None:
     w = max(len(n) for n, _ in SETTINGS)
     print(f"{'setting':<{w}} " + " ".join(f"{'B=' + str(B):>17}" for B in sizes))
     for name, _ in SETTINGS:

@@ -623,7 +623,7 @@ def test_gpu_seeded_rows_do_not_depend_on_the_batch() -> None:
 
 @pytest.mark.gpu
 def test_gpu_race_sample_compiles_once_per_dtype() -> None:
-    """Sampler 启动时编译好 race_sample 的三个 kernel（bf16 和 float32 各一份）；之后批的大小（指针对齐、行数）、
+    """Sampler 启动时编译好 race_sample 的三个 kernel（bf16 和 float32 各一份）；之后批的大小（参数指针的对齐、行数）、
     第几轮、有没有 min-p、有没有惩罚都不再让 Triton 编译：服务中途的编译会让一步 decode 停下来等。"""
     from minisgl.kernel import sample as kernel_sample
 

@@ -268,17 +268,10 @@ class Sampler:
                 ints.append((seeded_key(seeds, positions) >> np.uint64(1)).astype(np.int64))
             else:  # 逆 CDF：一个 u
                 floats.append(seeded_uniform(seeds, positions).tolist())
-        # 经 numpy 拼成张量（torch.tensor 逐个读 Python 列表里的数，批 256 时慢一倍）。每个字段占 Gp 列、从 16 字节
-        # 的边界开始：Triton 按指针对没对齐到 16 字节各编译一份 kernel，批的大小不该让 race_sample 多编译一次
-        G = len(rows)
-        Gp = -(-G // 4) * 4
-        f = np.zeros((len(floats), Gp), dtype=np.float32)
-        f[:, :G] = floats
-        n = np.zeros((len(ints), Gp), dtype=np.int64)
-        n[:, :G] = ints
-        f = self._to_device(torch.from_numpy(f))[:, :G]  # [3 或 4, G]
-        n = self._to_device(torch.from_numpy(n))[:, :G]  # [2 或 3, G]
-        return SampleGroup(kind=kind, rows=None if G == len(reqs) else n[0], temperatures=f[0],
+        # 经 numpy 拼成张量：torch.tensor 逐个读 Python 列表里的数，批 256 时慢一倍
+        f = self._to_device(torch.from_numpy(np.array(floats, dtype=np.float32)))  # [3 或 4, G]
+        n = self._to_device(torch.from_numpy(np.stack(ints)))  # [2 或 3, G]
+        return SampleGroup(kind=kind, rows=None if len(rows) == len(reqs) else n[0], temperatures=f[0],
                            top_k=n[1], top_p=f[1], min_p=f[2] if any(p.min_p > 0 for p in ps) else None,
                            uniform=f[3] if kind in ("full", "candidates") else None,
                            keys=n[2] if kind == "race" else None,

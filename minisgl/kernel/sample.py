@@ -93,10 +93,12 @@ def _kernels(triton: Any, tl: Any) -> Any:
         return keep(tl.sum(gather(w, S, 6, SP, 0.0), 0), tl.sum(gather(w, S, 7, SP, 0.0), 0),
                     tl.sum(gather(w, S, 8, SP, 0.0), 0), xj, m, inv_t, k, p, min_p)
 
-    # RND（第几轮）和 HAS_MIN_P（整组开没开 min-p）是运行时的整数，不是 constexpr：Triton 给 constexpr 的每个值、
-    # 给等于 1 或能被 16 整除的整数各编译一份（在发射它的那一步里现场编译）。不特化，每个 kernel 对每种 logits 的
-    # dtype 只编译一次
-    @triton.jit(do_not_specialize=["RND", "HAS_MIN_P"])
+    # Triton 给 constexpr 的每个值、给等于 1 或能被 16 整除的整数、给对没对齐到 16 字节的指针各编译一份（在发射它的
+    # 那一步里现场编译）。RND（第几轮）和 HAS_MIN_P（整组开没开 min-p）是运行时的整数，不特化；每行参数的指针也不
+    # 特化：一个程序实例只从里面读一个数，对不对齐不影响快慢。于是每个 kernel 对每种 logits 的 dtype 只编译一次
+    PER_ROW = ["temperatures", "top_ks", "top_ps", "min_ps", "RND", "HAS_MIN_P"]
+
+    @triton.jit(do_not_specialize=["keys"] + PER_ROW)
     def race_chunk(x_ptr, row_stride, keys, temperatures, top_ks, top_ps, min_ps, out, ws, V, S, RND, HAS_MIN_P,
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr):
         row = tl.program_id(0)
@@ -131,7 +133,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
                 tl.store(w + s, m)
                 tl.store(w + S + s, top.to(tl.float32))
 
-    @triton.jit(do_not_specialize=["RND", "HAS_MIN_P"])
+    @triton.jit(do_not_specialize=PER_ROW)
     def check_chunk(x_ptr, row_stride, temperatures, top_ks, top_ps, min_ps, out, ws, V, S, RND, HAS_MIN_P,
                     CHUNK: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr):
         row = tl.program_id(0)
@@ -156,7 +158,7 @@ def _kernels(triton: Any, tl: Any) -> Any:
                 tl.store(out + row, j)
                 tl.store(w + 9 * S, 1.0)
 
-    @triton.jit(do_not_specialize=["RND", "HAS_MIN_P"])
+    @triton.jit(do_not_specialize=["keys"] + PER_ROW)
     def race_finish(x_ptr, row_stride, keys, temperatures, top_ks, top_ps, min_ps, out, ws, V, S, RND, HAS_MIN_P,
                     BLOCK: tl.constexpr, SP: tl.constexpr, MAX_ROUNDS: tl.constexpr):
         row = tl.program_id(0)
