@@ -9,7 +9,8 @@
 
 layer: one MoE block (router + experts) of the config, `layers` copies with their own weights called one after
     another (as in the model: one layer's experts do not stay in L2 for the next), one decode step at each batch
-    size: GroupedMoe (PyTorch) eager, TritonMoe eager, TritonMoe replayed from a CUDA graph; the floor is the bytes
+    size: GroupedMoe (PyTorch) eager, TritonMoe eager, TritonMoe replayed from a CUDA graph, the latter with both
+    ways of summing a token's k rows (in down's epilogue / a sum kernel; choose_blocks' pick marked *); the floor is the bytes
     of the experts the step touches (E·(1-(1-k/E)^B) of them on average under uniform routing) over the measured
     copy bandwidth. Imports only minisgl.moe: it runs in chapter 4's tree (its GPU cell). --sweep times block
     shapes for fused_moe per batch size (where choose_blocks' table comes from).
@@ -18,8 +19,8 @@ decode: the engine (fi attention, page 16) with dummy weights, one decode step p
     distinct experts the batch touches) plus the live KV, over the copy bandwidth.
 offline: nano-vllm's protocol scaled to the MoE (128 sequences, lengths uniform in [100, 512], greedy, ignore_eos;
     the run in benchmarks/bench_peer.py's spirit): minisgl, or upstream mini-sglang @20fcd7f from the ignored .peer/
-    folder with the sgl_kernel shim (.peer/sgl_kernel_shim: topk_softmax and moe_align_block_size in plain torch)
-    first on its path. Both warm up on one prefill of each size tier first, so that no Triton kernel compiles
+    folder with the sgl_kernel shim (benchmarks/sgl_kernel_shim: topk_softmax and moe_align_block_size in plain
+    torch, since the GPU machine has no sgl_kernel) first on its path. Both warm up on one prefill of each size tier first, so that no Triton kernel compiles
     inside the timed run. --json writes rows that `summarize` (and bench_peer.py --summarize) read.
 """
 from __future__ import annotations
@@ -120,24 +121,33 @@ def run_layer(args: argparse.Namespace) -> None:
         except RuntimeError as e:
             print(f"batch {B}: GroupedMoe failed: {str(e)[:200]}")
             torch_ms = float("nan")
+        chosen = choose_blocks(B * K, E, dt)
         t = {"torch eager": torch_ms,
-             "triton eager": cuda_time(lambda: block_chain(backends["triton"], x), reps) / L,
-             "triton graph": cuda_time(graphed(lambda: block_chain(backends["triton"], x)), reps) / L}
+             "triton eager": cuda_time(lambda: block_chain(backends["triton"], x), reps) / L}
+        for fuse in (True, False):  # 沿 k 的求和：在 down 的收尾里 / 另起一个 kernel；choose_blocks 选的那个就是默认
+            t[f"graph sum {'in down' if fuse else 'kernel'}"] = cuda_time(
+                graphed(lambda: block_chain(None, x, chosen._replace(fuse_sum=fuse))), reps) / L
+        t["triton graph"] = t[f"graph sum {'in down' if chosen.fuse_sum else 'kernel'}"]
         rows.append(dict(batch=B, distinct_measured=distinct, distinct_expected=exp, floor_ms=floor_ms,
-                         tflops_triton_graph=flops / (t["triton graph"] / 1000) / 1e12,
-                         blocks=list(choose_blocks(B * K, E, dt)), **{k.replace(" ", "_") + "_ms": v for k, v in t.items()}))
+                         tflops_triton_graph=flops / (t["triton graph"] / 1000) / 1e12, blocks=list(chosen),
+                         **{k.replace(" ", "_") + "_ms": v for k, v in t.items()}))
         torch.cuda.empty_cache()
     print(f"\nQwen3-30B-A3B MoE block (router + {E} experts, top-{K}, H {H}, I {I}, bf16) on "
           f"{torch.cuda.get_device_name()}; {L} layers with their own weights, time per layer")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; floor = distinct experts (expected, uniform routing) x "
           f"{expert_bytes / 2**20:.1f} MiB + router, over that bandwidth")
+    print(f"{'':>39} {'triton graph, sum':>29}")
     print(f"{'batch':>6} {'distinct':>9} {'floor ms':>9} {'torch eager':>12} {'triton eager':>13} "
-          f"{'triton graph':>13} {'graph/floor':>11} {'TFLOP/s':>8}")
+          f"{'in down':>14} {'kernel':>14} {'graph/floor':>11} {'TFLOP/s':>8}")
     for r in rows:
+        fused = r["blocks"][-1]
         print(f"{r['batch']:>6} {r['distinct_measured']:>5.1f}/{r['distinct_expected']:<4.0f}{r['floor_ms']:>8.4f} "
-              f"{r['torch_eager_ms']:>12.4f} {r['triton_eager_ms']:>13.4f} {r['triton_graph_ms']:>13.4f} "
+              f"{r['torch_eager_ms']:>12.4f} {r['triton_eager_ms']:>13.4f} "
+              f"{r['graph_sum_in_down_ms']:>13.4f}{'*' if fused else ' '}"
+              f"{r['graph_sum_kernel_ms']:>13.4f}{' ' if fused else '*'} "
               f"{r['triton_graph_ms'] / r['floor_ms']:>11.2f} {r['tflops_triton_graph']:>8.1f}")
-    print("(distinct: measured on these random inputs / expected under uniform routing)")
+    print("(distinct: measured on these random inputs / expected under uniform routing; sum: a token's k rows added "
+          "in down's epilogue or by a sum kernel, * = choose_blocks' pick, used in graph/floor and TFLOP/s)")
     if args.sweep:
         sweep(args, layers, block_chain, graphed, Blocks)
     if args.json:
@@ -314,7 +324,7 @@ def upstream_llm(args: argparse.Namespace):
     if not (args.peer / "minisgl").is_dir():
         raise SystemExit(f"error: --peer {args.peer}: no minisgl package there (put upstream's python/ folder there)")
     if not (args.shim / "sgl_kernel").is_dir():
-        raise SystemExit(f"error: --shim {args.shim}: no sgl_kernel folder there (copy the measurement shim)")
+        raise SystemExit(f"error: --shim {args.shim}: no sgl_kernel folder there")
     from bench_peer import model_dir
 
     cfg = json.loads(args.config.read_text())
@@ -367,7 +377,7 @@ def main() -> None:
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--peer", type=Path, default=BENCH.parent / ".peer" / "python")
-    p.add_argument("--shim", type=Path, default=BENCH.parent / ".peer" / "sgl_kernel_shim")
+    p.add_argument("--shim", type=Path, default=BENCH / "sgl_kernel_shim")
     p.add_argument("--model-dir", type=Path, default=BENCH.parent / ".peer")
     p = sub.add_parser("summarize", help="minisgl / upstream from offline --json files (turns)")
     p.add_argument("files", type=Path, nargs="+")

@@ -3,6 +3,8 @@
 
     python benchmarks/profile_forward.py [--config benchmarks/configs/qwen3-0.6b.json] [--tokens 64 1024 4096]
     python benchmarks/profile_forward.py --config benchmarks/configs/qwen3-8b.json --decode 1 64   # needs a GPU
+    python benchmarks/profile_forward.py --config benchmarks/configs/qwen3-30b-a3b.json --decode 1 --dummy-weight \
+        --num-layers 8   # MoE: random weights made on the GPU from the config alone, no checkpoint on disk
 
 Prefill (default): an eager prefill of --tokens tokens (prefill never replays a CUDA graph), timed (synchronize
 around it): the median wall time of prepare_batch + forward_batch and the GPU time of the kernels it launched;
@@ -37,6 +39,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25, help="rows of the profiler table")
     ap.add_argument("--decode", type=int, nargs="+", metavar="BS", help="profile decode steps at these batch sizes")
     ap.add_argument("--context", type=int, default=512, help="decode: tokens of context per request")
+    ap.add_argument("--dummy-weight", action="store_true",
+                    help="decode: random weights made on the device (no checkpoint written; large configs)")
+    ap.add_argument("--num-layers", type=int, default=None, help="decode: cut the config to this many layers")
     args = ap.parse_args()
     if args.decode:
         return profile_decode(args)
@@ -99,6 +104,7 @@ def main() -> None:
 
 KINDS = [  # (kind, regex on the lower-cased kernel name): the first match wins
     ("qk_norm_rope_store", r"qk_norm_rope_store"),
+    ("moe", r"route|align|gate_up|^down|expert"),  # chapter 4's fused MoE kernels
     ("attention", r"batchdecode|batchprefill|mergestate|attention|^split_kv$|^merge$"),  # the last two: kernel/decode.py
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas"),
     ("norm", r"norm"),
@@ -113,11 +119,18 @@ def profile_decode(args: argparse.Namespace) -> None:
     from bench_decode import decode_engine, decode_reqs, random_checkpoint
 
     assert torch.cuda.is_available(), "--decode needs a GPU (fi attention, CUDA graphs)"
-    folder = random_checkpoint(args.config, Path(tempfile.mkdtemp(prefix="minisgl-prof-")))
+    if args.num_layers and not args.dummy_weight:
+        raise SystemExit("error: --num-layers needs --dummy-weight (the random checkpoint has every layer)")
+    if args.dummy_weight:
+        from bench_moe import model_folder  # config.json (cut to --num-layers) and the tokenizer, no weights
+
+        folder = model_folder(args.config, args.num_layers)
+    else:
+        folder = random_checkpoint(args.config, Path(tempfile.mkdtemp(prefix="minisgl-prof-")))
     max_bs = max(args.decode)
-    engine = decode_engine(folder, max_bs, args.context, graphs=max_bs)
+    engine = decode_engine(folder, max_bs, args.context, graphs=max_bs, use_dummy_weight=args.dummy_weight)
     print(f"\n{args.config.stem}: one decode step (forward_batch; CUDA graphs on), fi, {engine.dtype}, "
-          f"context {args.context}")
+          f"context {args.context}, {engine.model_config.num_layers} layers")
     graph_sizes = engine.graph_runner.batch_sizes
     for bs in args.decode:
         reqs = decode_reqs(bs, args.context)

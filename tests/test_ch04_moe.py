@@ -14,7 +14,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, init_dummy_weight, load_weight
 from minisgl.models.weight import stack_experts
 from minisgl.moe import MOE_BACKENDS, MoELayer, create_moe_backend, fused_moe, resolve_moe_backend, select_experts
-from minisgl.moe.fused import Blocks, Routing, one_program_routing, route_and_align
+from minisgl.moe.fused import Blocks, Routing, choose_blocks, one_program_routing, route_and_align
 from minisgl.utils import torch_dtype
 from minisgl.utils.hf import load_hf_config
 
@@ -100,7 +100,7 @@ INTERPRETED = [  # (T, H, E, K, I, renormalize, 分块)：None 是 choose_blocks
     (7, 48, 16, 4, 24, False, None),
     (3, 32, 12, 5, 16, True, None),
     (50, 32, 8, 3, 16, True, Blocks(32, 64, 64, 64, 4, 2)),
-    (50, 64, 8, 3, 32, True, Blocks(64, 16, 32, 32, 4, 2)),
+    (50, 64, 8, 3, 32, True, Blocks(64, 16, 32, 32, 4, 2, fuse_sum=False)),  # 求和另起一个 kernel
     (30, 32, 4, 2, 16, False, Blocks(128, 16, 32, 16, 4, 2)),
 ]
 ROUTING = [  # (T, E, K, renormalize)：decode 的形状，E、K 有的不是 2 的幂；两种路由的写法各跑一遍
@@ -133,6 +133,8 @@ def check_routing_paths(T: int, E: int, K: int, renorm: bool, bm: int = 16, devi
         pairs = (ids.flatten() == e).nonzero().flatten().tolist()  # 选了 e 的对，按编号
         assert one.sorted_pairs[start:start + n].tolist() == pairs  # 一个实例：段内按编号排
         assert sorted(two.sorted_pairs[start:start + n].tolist()) == pairs  # 原子加：同一组对，先后不论
+    assert one.arrivals.shape == two.arrivals.shape == (T,)  # slots 默认 1：每个 token 一个计数器
+    assert not one.arrivals.any() and not two.arrivals.any()  # 两条路都把计数器清了零
 
 
 def run_interpreted_cases() -> None:
@@ -146,6 +148,9 @@ def run_interpreted_cases() -> None:
                            fused_moe(x, gate_up, down, logits, K, renorm))
         for flag in (True, False):  # 两种路由的写法，大块小块都一样
             assert torch.equal(fused_moe(x, gate_up, down, logits, K, renorm, blocks, one_program=flag), got)
+        b = blocks or choose_blocks(T * K, E, x.dtype)
+        for fuse in (True, False):  # 求和在 down 的收尾里，或另起一个 kernel：同样按 k 的顺序加，逐位相同
+            assert torch.equal(fused_moe(x, gate_up, down, logits, K, renorm, b._replace(fuse_sum=fuse)), got)
     assert one_program_routing(1, 8, 3) and one_program_routing(8, 128, 8)  # Qwen3-30B-A3B：T ≤ 8
     assert not one_program_routing(9, 128, 8)
     for case in ROUTING:
@@ -221,7 +226,11 @@ def test_gpu_triton_moe_matches_reference(T: int) -> None:
     xb, gub, db, lb = (t.bfloat16() for t in (x, gate_up, down, logits))
     ref = reference_moe(xb, gub, db, lb, 8, True)  # 同样的 bf16 输入，在 float32 里算
     assert bf16_error(fused_moe(xb, gub, db, lb, 8, True), ref) < 0.02
-    assert torch.equal(fused_moe(xb, gub, db, lb, 8, True), fused_moe(xb, gub, db, lb, 8, True))  # 与原子加的先后无关
+    first = fused_moe(xb, gub, db, lb, 8, True)
+    for _ in range(20):  # 原子加的先后、每个 token 谁最后到，每次都可能不同：结果逐位相同
+        assert torch.equal(fused_moe(xb, gub, db, lb, 8, True), first)
+    b = choose_blocks(T * 8, 128, torch.bfloat16)  # 求和换成另一种写法（收尾里 / 另起一个 kernel）：逐位相同
+    assert torch.equal(fused_moe(xb, gub, db, lb, 8, True, b._replace(fuse_sum=not b.fuse_sum)), first)
 
 
 @pytest.mark.gpu

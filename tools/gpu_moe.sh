@@ -2,9 +2,9 @@
 # MoE on the GPU machine, and the production path checked token by token, in one call; results go to $OUT (or
 # ./gpu_out).
 #   bash tools/gpu_moe.sh                   (gpu_check.sh runs it when BENCHES contains "moe")
-# Carry what gpu_check.sh carries (.whl; .peer/python: upstream mini-sglang's python/ folder @20fcd7f), plus the
-# measurement shim's folder as .peer/sgl_kernel_shim (holding sgl_kernel/__init__.py: upstream's MoE imports two
-# sgl_kernel ops, written there in plain torch) and SmolLM2-135M-Instruct's folder where MINISGL_CACHE_DIR points
+# Carry what gpu_check.sh carries (.whl; .peer/python: upstream mini-sglang's python/ folder @20fcd7f; upstream's
+# MoE imports two sgl_kernel ops, which benchmarks/sgl_kernel_shim stands in for in plain torch) and
+# SmolLM2-135M-Instruct's folder where MINISGL_CACHE_DIR points
 # (default ~/.cache/minisgl/SmolLM2-135M-Instruct) for the production-path test.
 # Knobs: MOE_PHASES picks from "tests production layer decode offline" (default all); MOE_LAYERS cuts the
 # Qwen3-30B-A3B config to that many layers for decode and offline (default: all 48); MOE_ROUNDS (default 1)
@@ -38,8 +38,8 @@ if phase decode; then
 fi
 if phase offline; then
   peer=0
-  [ -d .peer/python/minisgl ] && [ -d .peer/sgl_kernel_shim/sgl_kernel ] && peer=1
-  [ $peer = 0 ] && echo "gpu_moe: no .peer/python/minisgl or .peer/sgl_kernel_shim/sgl_kernel: minisgl alone"
+  [ -d .peer/python/minisgl ] && peer=1
+  [ $peer = 0 ] && echo "gpu_moe: no .peer/python/minisgl: minisgl alone"
   for r in $(seq -w "${MOE_ROUNDS:-1}"); do  # turns, so that drift over the lease hits both alike
     run "moe_offline_minisgl_$r" python3 benchmarks/bench_moe.py offline "${layers[@]}" \
       --json "$OUT/moe_offline_minisgl_$r.json"

@@ -79,9 +79,9 @@ def _align_kernel(triton: Any, tl: Any) -> Any:
 
 
 def _route_align_kernel(triton: Any, tl: Any) -> Any:
-    @triton.jit(do_not_specialize=["T", "num_blocks"])
-    def route_align(logits, logit_stride, topk_w, topk_ids, counts, starts, block_expert, sorted_pairs,
-                    T, E, num_blocks, TOP_K: tl.constexpr, BM: tl.constexpr, BLOCK_T: tl.constexpr,
+    @triton.jit(do_not_specialize=["T", "num_blocks", "num_arrivals"])
+    def route_align(logits, logit_stride, topk_w, topk_ids, counts, starts, block_expert, sorted_pairs, arrivals,
+                    T, E, num_blocks, num_arrivals, TOP_K: tl.constexpr, BM: tl.constexpr, BLOCK_T: tl.constexpr,
                     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, RENORM: tl.constexpr):
         t = tl.arange(0, BLOCK_T)  # 只有一个实例：全部 T 个 token 一起做
         e = tl.arange(0, BLOCK_E)
@@ -122,6 +122,9 @@ def _route_align_kernel(triton: Any, tl: Any) -> Any:
         rank = tl.sum(((ex[:, None] == ex[None, :]) & (pq[None, :] < pq[:, None])).to(tl.int32), axis=1)
         first = tl.sum(tl.where(hit, begins[None, :], 0), axis=1)  # [Q]：begins[ex]
         tl.store(sorted_pairs + first + rank, pq, mask=ex >= 0)
+        for a0 in range(0, num_arrivals, CHUNK):  # down 收尾用的到齐计数器，清零（见 down）
+            a = a0 + tl.arange(0, CHUNK)
+            tl.store(arrivals + a, tl.zeros((CHUNK,), dtype=tl.int32), mask=a < num_arrivals)
 
     return route_align
 
@@ -135,6 +138,7 @@ class Routing(NamedTuple):
     starts: torch.Tensor  # [E]：第 e 段从第几行开始
     block_expert: torch.Tensor  # [num_blocks]：每块的专家，-1 是空块
     sorted_pairs: torch.Tensor  # [R]：每行是哪个对；段尾补齐的行没写过
+    arrivals: torch.Tensor  # [T·slots]：全是 0，down 收尾时每个 (token, 列块) 一个到齐计数器
 
 
 ONE_PROGRAM_TILE = 8192  # route_align 的两个比较矩阵 [Q, Q]、[Q, E] 最多这么多个元素
@@ -147,8 +151,9 @@ def one_program_routing(num_tokens: int, num_experts: int, top_k: int) -> bool:
 
 
 def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, bm: int,
-                    one_program: bool | None = None) -> Routing:
-    """router_logits [T, E] → Routing：各段补齐到 bm 行。one_program：None 时按 one_program_routing 选。"""
+                    one_program: bool | None = None, slots: int = 1) -> Routing:
+    """router_logits [T, E] → Routing：各段补齐到 bm 行。one_program：None 时按 one_program_routing 选；
+    slots：每个 token 几个到齐计数器（down 的列块数）。"""
     k = _kernels()
     T, E = router_logits.shape
     P, dev = T * top_k, router_logits.device
@@ -156,18 +161,20 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
     # 块数取上界（每个有活的专家至多多出一个不满的块），于是形状与路由的结果无关
     num_blocks = -(-P // bm) + min(E, P)
     chunk = min(1024, max(16, 4096 // block_e))  # 一次放 chunk 个对、看 chunk 个块（[chunk, E] 的比较矩阵）
-    sizes = ((T, top_k), E, E, num_blocks, num_blocks * bm)  # topk_ids、counts、starts、block_expert、sorted_pairs
-    r = Routing(torch.empty(T, top_k, dtype=torch.float32, device=dev),
-                *(torch.empty(n, dtype=torch.int32, device=dev) for n in sizes))
     if one_program is None:
         one_program = one_program_routing(T, E, top_k)
-    if one_program:  # 小批：一个 kernel
-        k["route_align"][(1,)](router_logits, router_logits.stride(0), *r, T, E, num_blocks, TOP_K=top_k,
-                               BM=bm, BLOCK_T=_pow2(T, 1), BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1),
+    topk_w = torch.empty(T, top_k, dtype=torch.float32, device=dev)
+    ints = functools.partial(torch.empty, dtype=torch.int32, device=dev)
+    if one_program:  # 小批：一个 kernel，计数器也由它清零
+        r = Routing(topk_w, ints(T, top_k), ints(E), ints(E), ints(num_blocks), ints(num_blocks * bm), ints(T * slots))
+        k["route_align"][(1,)](router_logits, router_logits.stride(0), *r, T, E, num_blocks, T * slots,
+                               TOP_K=top_k, BM=bm, BLOCK_T=_pow2(T, 1), BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1),
                                CHUNK=chunk, RENORM=renormalize)
         return r
-    # 大批：清零、route（每个 token 一个实例，原子加计数）、align（每个实例放 chunk 个对）
-    r.counts.zero_()
+    # 大批：清零（counts 要从 0 加起，计数器也要是 0：同一块显存，一次 memset）、route（每个 token 一个实例，
+    # 原子加计数）、align（每个实例放 chunk 个对）
+    zeros = torch.zeros(E + T * slots, dtype=torch.int32, device=dev)
+    r = Routing(topk_w, ints(T, top_k), zeros[:E], ints(E), ints(num_blocks), ints(num_blocks * bm), zeros[E:])
     rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
     k["route"][(T,)](router_logits, router_logits.stride(0), r.topk_w, r.topk_ids, rank, r.counts, E,
                      TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1), RENORM=renormalize)
@@ -221,8 +228,9 @@ def _gate_up_kernel(triton: Any, tl: Any) -> Any:
 
 def _down_kernel(triton: Any, tl: Any) -> Any:
     @triton.jit
-    def down(h, w, sorted_pairs, block_expert, starts, counts, topk_w, out, H, I,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    def down(h, w, sorted_pairs, block_expert, starts, counts, topk_w, rows_out, arrivals, out, H, I,
+             TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+             IEEE: tl.constexpr, SUM: tl.constexpr):
         e = tl.load(block_expert + tl.program_id(1))
         if e < 0:
             return
@@ -248,8 +256,24 @@ def _down_kernel(triton: Any, tl: Any) -> Any:
             a_ptrs += BK
             w_ptrs += BK
         acc = acc * tl.load(topk_w + pairs, mask=valid, other=0.0)[:, None]  # 乘这一对的路由权重（float32）
-        tl.store(out + pairs.to(tl.int64)[:, None] * H + n[None, :], acc.to(out.dtype.element_ty),
-                 mask=valid[:, None] & (n[None, :] < H))  # 写回第 p 行：(token, 专家) 对的原顺序
+        cols = n[None, :] < H
+        tl.store(rows_out + pairs.to(tl.int64)[:, None] * H + n[None, :], acc.to(rows_out.dtype.element_ty),
+                 mask=valid[:, None] & cols)  # 写到第 p 行：(token, 专家) 对的原顺序
+        if SUM:  # 收尾：token t 的 K 行在 K 个块里，由 K 个实例写出。写完的实例给 (t, 本列块) 的计数器加一；
+            # 加之前已经是 K-1 的那个最后到，由它按 k = 0..K-1 的顺序把 K 行加起来
+            tl.debug_barrier()  # 本实例的线程都写完了，才去报到
+            tokens = pairs // TOP_K
+            seen = tl.atomic_add(arrivals + tokens * tl.num_programs(0) + tl.program_id(0), 1, mask=valid,
+                                 sem="acq_rel", scope="gpu")  # [BM]：报到之前已经到了几个
+            last = valid & (seen == TOP_K - 1)
+            tl.debug_barrier()
+            total = tl.zeros((BM, BN), dtype=tl.float32)
+            for j in tl.static_range(TOP_K):
+                row = (tokens * TOP_K + j).to(tl.int64)  # token t 的第 j 行
+                total += tl.load(rows_out + row[:, None] * H + n[None, :], mask=last[:, None] & cols, other=0.0,
+                                 cache_modifier=".cg").to(tl.float32)  # .cg：从 L2 读，别的 SM 刚写的行在那里
+            tl.store(out + tokens.to(tl.int64)[:, None] * H + n[None, :], total.to(out.dtype.element_ty),
+                     mask=last[:, None] & cols)
 
     return down
 
@@ -263,6 +287,7 @@ class Blocks(NamedTuple):
     bk: int
     num_warps: int
     num_stages: int
+    fuse_sum: bool = True  # 沿 k 的求和放进 down 的收尾（小批），还是另起一个求和的 kernel（大批）
 
 
 def choose_blocks(num_pairs: int, num_experts: int, dtype: torch.dtype) -> Blocks:
@@ -271,11 +296,11 @@ def choose_blocks(num_pairs: int, num_experts: int, dtype: torch.dtype) -> Block
     if rows <= 16:
         blocks = Blocks(16, 32, 64, 128, 4, 4)
     elif rows <= 64:
-        blocks = Blocks(32, 64, 64, 64, 4, 4)
+        blocks = Blocks(32, 64, 64, 64, 4, 4, fuse_sum=False)
     elif rows <= 256:
-        blocks = Blocks(64, 64, 128, 64, 4, 3)
+        blocks = Blocks(64, 64, 128, 64, 4, 3, fuse_sum=False)
     else:
-        blocks = Blocks(128, 64, 128, 64, 8, 3)
+        blocks = Blocks(128, 64, 128, 64, 8, 3, fuse_sum=False)
     if dtype == torch.float32:  # 每个元素 4 字节：流水线少两级，共享内存才放得下
         blocks = blocks._replace(num_stages=2)
     return blocks
@@ -286,15 +311,17 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router
               one_program: bool | None = None) -> torch.Tensor:
     """与 GroupedMoe.forward 相同的计算：x [T, H]，gate_up [E, 2I, H]，down [E, H, I]，router_logits [T, E] → [T, H]。
 
-    小批三个 kernel、大批五个（见 route_and_align），再加一次求和；每个张量的形状只取决于 T，没有一处把数据拷回
-    CPU。blocks：None 时按 choose_blocks；one_program：None 时按 one_program_routing 选路由的写法。
+    小批三个 kernel（求和在 down 的收尾里），大批六个（清零、route、align、两个矩阵乘、求和）；每个张量的形状只取决于 T，
+    没有一处把数据拷回 CPU。blocks：None 时按 choose_blocks；one_program：None 时按 one_program_routing 选。
     """
     k = _kernels()
     (T, H), (E, _, I) = x.shape, down.shape
     P, dev = T * top_k, x.device
     b = blocks or choose_blocks(P, E, x.dtype)
-    # 1–2. 路由与排序：小批一个实例做完，大批 route + align
-    r = route_and_align(router_logits, top_k, renormalize, b.bm, one_program)
+    bn_down = min(b.bn_down, _pow2(H))
+    slots = -(-H // bn_down) if b.fuse_sum else 0  # down 收尾用的计数器：每个 token 每个列块一个
+    # 1–2. 路由与排序（连同清零计数器）：小批一个实例做完，大批 route + align
+    r = route_and_align(router_logits, top_k, renormalize, b.bm, one_program, slots)
     num_blocks = r.block_expert.shape[0]
     # 3. gate_up 与 SiLU·up：一块 BM 行 × BN 列一个实例，按排好的行写
     launch = dict(IEEE=x.dtype == torch.float32, num_warps=b.num_warps, num_stages=b.num_stages)
@@ -303,13 +330,15 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router
     k["gate_up"][(-(-I // bn), num_blocks)](x, x.stride(0), gate_up, r.sorted_pairs, r.block_expert, r.starts,
                                             r.counts, h, I, H, TOP_K=top_k, BM=b.bm, BN=bn, BK=bk,
                                             EVEN_K=H % bk == 0, **launch)
-    # 4. down，乘路由权重：按 (token, 专家) 对的顺序写
-    out = torch.empty(P, H, dtype=x.dtype, device=dev)  # [P, H]
-    bn, bk = min(b.bn_down, _pow2(H)), min(b.bk, _pow2(I))
-    k["down"][(-(-H // bn), num_blocks)](h, down, r.sorted_pairs, r.block_expert, r.starts, r.counts, r.topk_w,
-                                         out, H, I, BM=b.bm, BN=bn, BK=bk, EVEN_K=I % bk == 0, **launch)
-    # 5. 每个 token 的 K 行按固定的顺序相加
-    return out.view(T, top_k, H).sum(dim=1)  # [T, H]
+    # 4. down，乘路由权重，按 (token, 专家) 对的顺序写出各行；fuse_sum 时每个 token 最后到的实例把它的 K 行相加
+    rows = torch.empty(P, H, dtype=x.dtype, device=dev)  # [P, H]
+    out = torch.empty(T, H, dtype=x.dtype, device=dev) if b.fuse_sum else rows  # [T, H]
+    bk = min(b.bk, _pow2(I))
+    k["down"][(-(-H // bn_down), num_blocks)](h, down, r.sorted_pairs, r.block_expert, r.starts, r.counts,
+                                              r.topk_w, rows, r.arrivals, out, H, I, TOP_K=top_k, BM=b.bm,
+                                              BN=bn_down, BK=bk, EVEN_K=I % bk == 0, SUM=b.fuse_sum, **launch)
+    # 5. 大批：每个 token 的 K 行由一个求和的 kernel 按 k 的顺序相加
+    return out if b.fuse_sum else rows.view(T, top_k, H).sum(dim=1)  # [T, H]
 
 
 def _pow2(n: int, lo: int = 16) -> int:
