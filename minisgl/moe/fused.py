@@ -311,8 +311,9 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router
               one_program: bool | None = None) -> torch.Tensor:
     """与 GroupedMoe.forward 相同的计算：x [T, H]，gate_up [E, 2I, H]，down [E, H, I]，router_logits [T, E] → [T, H]。
 
-    小批三个 kernel（求和在 down 的收尾里），大批六个（清零、route、align、两个矩阵乘、求和）；每个张量的形状只取决于 T，
-    没有一处把数据拷回 CPU。blocks：None 时按 choose_blocks；one_program：None 时按 one_program_routing 选。
+    T 小时三个 kernel（route_align、gate_up、down，求和在 down 的收尾里）；T 大时路由换成清零、route、align 三个，
+    每个专家平均超过 16 行时求和再另起一个 kernel。每个张量的形状只取决于 T，没有一处把数据拷回 CPU。
+    blocks：None 时按 choose_blocks；one_program：None 时按 one_program_routing 选。
     """
     k = _kernels()
     (T, H), (E, _, I) = x.shape, down.shape
