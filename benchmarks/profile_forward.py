@@ -104,7 +104,7 @@ def main() -> None:
 
 KINDS = [  # (kind, regex on the lower-cased kernel name): the first match wins
     ("qk_norm_rope_store", r"qk_norm_rope_store"),
-    ("moe", r"route|align|gate_up|^down|expert"),  # chapter 4's fused MoE kernels
+    ("moe", r"^(route|align|route_align|gate_up|down)$"),  # chapter 4's fused MoE kernels (Triton names)
     ("attention", r"batchdecode|batchprefill|mergestate|attention|^split_kv$|^merge$"),  # the last two: kernel/decode.py
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas"),
     ("norm", r"norm"),
