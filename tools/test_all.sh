@@ -102,6 +102,8 @@ wait_background
 
 step "benchmarks: bench_expand.py (smoke: the two per-token expansions agree on decode, mixed and prefill batches)"
 "$PY" benchmarks/bench_expand.py --calls 20 --load 0 --threads 1
+step "benchmarks: sgl_kernel_shim (upstream's two sgl_kernel ops in plain torch, for the MoE A/B) against upstream's example"
+"$PY" benchmarks/sgl_kernel_shim/sgl_kernel/__init__.py
 
 practice_web() {
   if [ -x /usr/bin/chromium ] && [ -d practice/web/node_modules/playwright-core ] && [ -f _build/html/practice/exercises.json ]; then

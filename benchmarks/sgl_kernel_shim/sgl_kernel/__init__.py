@@ -51,3 +51,19 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
     num_tokens_post_pad.copy_(ends[-1:])
     cumsum_buffer[:1].zero_()
     cumsum_buffer[1:E + 1].copy_(ends)
+
+
+if __name__ == "__main__":  # a self-check on the CPU (CI runs it): the example in upstream's docstring, 0-based
+    ids = torch.tensor([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]], dtype=torch.int32) - 1
+    E, bs = 4, 4
+    size = ids.numel() + (E + 1) * (bs - 1)
+    sorted_ids, expert_ids = torch.empty(size, dtype=torch.int32), torch.empty(-(-size // bs), dtype=torch.int32)
+    post_pad, cumsum = torch.empty(1, dtype=torch.int32), torch.empty(E + 2, dtype=torch.int32)
+    moe_align_block_size(ids, E + 1, bs, sorted_ids, expert_ids, post_pad, cumsum)
+    assert sorted_ids[:16].tolist() == [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12], sorted_ids
+    assert expert_ids[:4].tolist() == [0, 1, 2, 3] and (expert_ids[4:] == -1).all() and post_pad.item() == 16
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
+    w, i = torch.empty(1, 2), torch.empty(1, 2, dtype=torch.int32)
+    topk_softmax(w, i, logits, True)
+    assert i.tolist() == [[1, 2]] and abs(w.sum().item() - 1) < 1e-6
+    print("sgl_kernel shim: moe_align_block_size and topk_softmax match upstream's example")
