@@ -266,7 +266,7 @@ def _down_kernel(triton: Any, tl: Any) -> Any:
             seen = tl.atomic_add(arrivals + tokens * tl.num_programs(0) + tl.program_id(0), 1, mask=valid,
                                  sem="acq_rel", scope="gpu")  # [BM]：报到之前已经到了几个
             last = valid & (seen == TOP_K - 1)
-            tl.debug_barrier()
+            tl.debug_barrier()  # 报到的结果交给读行的线程：它们在这之后才读
             total = tl.zeros((BM, BN), dtype=tl.float32)
             for j in tl.static_range(TOP_K):
                 row = (tokens * TOP_K + j).to(tl.int64)  # token t 的第 j 行
@@ -333,7 +333,7 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router
                                             EVEN_K=H % bk == 0, **launch)
     # 4. down，乘路由权重，按 (token, 专家) 对的顺序写出各行；fuse_sum 时每个 token 最后到的实例把它的 K 行相加
     rows = torch.empty(P, H, dtype=x.dtype, device=dev)  # [P, H]
-    out = torch.empty(T, H, dtype=x.dtype, device=dev) if b.fuse_sum else rows  # [T, H]
+    out = torch.empty(T, H, dtype=x.dtype, device=dev) if b.fuse_sum else rows  # [T, H]；不收尾时用不上，占个位
     bk = min(b.bk, _pow2(I))
     k["down"][(-(-H // bn_down), num_blocks)](h, down, r.sorted_pairs, r.block_expert, r.starts, r.counts,
                                               r.topk_w, rows, r.arrivals, out, H, I, TOP_K=top_k, BM=b.bm,
