@@ -167,9 +167,10 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
     ints = functools.partial(torch.empty, dtype=torch.int32, device=dev)
     if one_program:  # 小批：一个 kernel，计数器也由它清零
         r = Routing(topk_w, ints(T, top_k), ints(E), ints(E), ints(num_blocks), ints(num_blocks * bm), ints(T * slots))
+        q = _pow2(T, 1) * _pow2(top_k, 1)  # 一排有几个对
         k["route_align"][(1,)](router_logits, router_logits.stride(0), *r, T, E, num_blocks, T * slots,
                                TOP_K=top_k, BM=bm, BLOCK_T=_pow2(T, 1), BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1),
-                               CHUNK=chunk, RENORM=renormalize)
+                               CHUNK=chunk, RENORM=renormalize, num_warps=1 if q <= 16 else 4 if q <= 32 else 8)
         return r
     # 大批：清零（counts 要从 0 加起，计数器也要是 0：同一块显存，一次 memset）、route（每个 token 一个实例，
     # 原子加计数）、align（每个实例放 chunk 个对）
