@@ -7,7 +7,7 @@
 # SmolLM2-135M-Instruct's folder where MINISGL_CACHE_DIR points
 # (default ~/.cache/minisgl/SmolLM2-135M-Instruct) for the production-path test.
 # Knobs: MOE_PHASES picks from "tests production layer decode offline" (default all); MOE_LAYERS cuts the
-# Qwen3-30B-A3B config to that many layers for decode and offline (default: all 48); MOE_ROUNDS (default 1)
+# Qwen3-30B-A3B config to that many layers for decode and offline (default: all 48); MOE_ROUNDS (default 2)
 # turns of minisgl and upstream on the offline workload; MOE_SWEEP=1 adds bench_moe.py layer --sweep (block
 # shapes per batch size; minutes).
 # Phases: the MoE GPU tests (chapter 4's inside .build/trees/ch04, chapter 8's MoE ones); the production path
@@ -40,11 +40,13 @@ if phase offline; then
   peer=0
   [ -d .peer/python/minisgl ] && peer=1
   [ $peer = 0 ] && echo "gpu_moe: no .peer/python/minisgl: minisgl alone"
-  for r in $(seq -w "${MOE_ROUNDS:-1}"); do  # turns, so that drift over the lease hits both alike
-    run "moe_offline_minisgl_$r" python3 benchmarks/bench_moe.py offline "${layers[@]}" \
-      --json "$OUT/moe_offline_minisgl_$r.json"
-    [ $peer = 1 ] && run "moe_offline_upstream_$r" python3 benchmarks/bench_moe.py offline --engine upstream \
-      "${layers[@]}" --json "$OUT/moe_offline_upstream_$r.json"
+  ours() { run "moe_offline_minisgl_$1" python3 benchmarks/bench_moe.py offline "${layers[@]}" \
+    --json "$OUT/moe_offline_minisgl_$1.json"; }
+  theirs() { [ $peer = 1 ] && run "moe_offline_upstream_$1" python3 benchmarks/bench_moe.py offline --engine upstream \
+    "${layers[@]}" --json "$OUT/moe_offline_upstream_$1.json"; }
+  # turns, each engine first in every other round, so that drift over the lease hits both alike
+  for r in $(seq -w "${MOE_ROUNDS:-2}"); do
+    if [ $((10#$r % 2)) = 1 ]; then theirs "$r"; ours "$r"; else ours "$r"; theirs "$r"; fi
   done
   [ $peer = 1 ] && run moe_offline_summary python3 benchmarks/bench_moe.py summarize \
     "$OUT"/moe_offline_minisgl_*.json "$OUT"/moe_offline_upstream_*.json
