@@ -112,7 +112,7 @@ ROUTING = [  # (T, E, K, renormalize)：decode 的形状，E、K 有的不是 2 
 def check_routing_paths(T: int, E: int, K: int, renorm: bool, bm: int = 16, device: str = "cpu") -> None:
     """route_align（一个实例）与 route + align 给出同样的路由和同样的布局；布局就是 align 的约定。"""
     logits = (torch.randn(T, E, generator=torch.Generator().manual_seed(T * E)) * 2).to(device)
-    one, two = (route_and_align(logits, K, renorm, bm, one_program=flag) for flag in (True, False))
+    one, two = (route_and_align(logits, K, renorm, bm, one_program=flag, slots=3) for flag in (True, False))
     w, ids = select_experts(logits, K, renorm)
     assert torch.equal(one.topk_ids.long(), ids)
     torch.testing.assert_close(one.topk_w, w, atol=1e-6, rtol=1e-6)
@@ -133,7 +133,7 @@ def check_routing_paths(T: int, E: int, K: int, renorm: bool, bm: int = 16, devi
         pairs = (ids.flatten() == e).nonzero().flatten().tolist()  # 选了 e 的对，按编号
         assert one.sorted_pairs[start:start + n].tolist() == pairs  # 一个实例：段内按编号排
         assert sorted(two.sorted_pairs[start:start + n].tolist()) == pairs  # 原子加：同一组对，先后不论
-    assert one.arrivals.shape == two.arrivals.shape == (T,)  # slots 默认 1：每个 token 一个计数器
+    assert one.arrivals.shape == two.arrivals.shape == (T * 3,)  # 每个 token slots 个计数器
     assert not one.arrivals.any() and not two.arrivals.any()  # 两条路都把计数器清了零
 
 

@@ -151,34 +151,34 @@ def one_program_routing(num_tokens: int, num_experts: int, top_k: int) -> bool:
 
 
 def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, bm: int,
-                    one_program: bool | None = None, slots: int = 1) -> Routing:
+                    one_program: bool | None = None, slots: int = 0) -> Routing:
     """router_logits [T, E] → Routing：各段补齐到 bm 行。one_program：None 时按 one_program_routing 选；
-    slots：每个 token 几个到齐计数器（down 的列块数）。"""
+    slots：每个 token 几个到齐计数器（down 收尾时的列块数；0：不要）。"""
     k = _kernels()
     T, E = router_logits.shape
     P, dev = T * top_k, router_logits.device
-    block_e = _pow2(E, 1)
+    block_t, block_e, block_k = _pow2(T, 1), _pow2(E, 1), _pow2(top_k, 1)
     # 块数取上界（每个有活的专家至多多出一个不满的块），于是形状与路由的结果无关
     num_blocks = -(-P // bm) + min(E, P)
     chunk = min(1024, max(16, 4096 // block_e))  # 一次放 chunk 个对、看 chunk 个块（[chunk, E] 的比较矩阵）
     if one_program is None:
         one_program = one_program_routing(T, E, top_k)
-    topk_w = torch.empty(T, top_k, dtype=torch.float32, device=dev)
     ints = functools.partial(torch.empty, dtype=torch.int32, device=dev)
-    if one_program:  # 小批：一个 kernel，计数器也由它清零
-        r = Routing(topk_w, ints(T, top_k), ints(E), ints(E), ints(num_blocks), ints(num_blocks * bm), ints(T * slots))
-        q = _pow2(T, 1) * _pow2(top_k, 1)  # 一排有几个对
+    # counts 和到齐计数器在同一块显存：小批时 route_align 写 counts、清计数器；大批时 counts 要从 0 加起（route
+    # 原子加），计数器也要是 0，一次 memset
+    counters = (torch.empty if one_program else torch.zeros)(E + T * slots, dtype=torch.int32, device=dev)
+    r = Routing(torch.empty(T, top_k, dtype=torch.float32, device=dev), ints(T, top_k), counters[:E], ints(E),
+                ints(num_blocks), ints(num_blocks * bm), counters[E:])
+    if one_program:  # 小批：一个 kernel
+        q = block_t * block_k  # 一排有几个对
         k["route_align"][(1,)](router_logits, router_logits.stride(0), *r, T, E, num_blocks, T * slots,
-                               TOP_K=top_k, BM=bm, BLOCK_T=_pow2(T, 1), BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1),
+                               TOP_K=top_k, BM=bm, BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=block_k,
                                CHUNK=chunk, RENORM=renormalize, num_warps=1 if q <= 16 else 4 if q <= 32 else 8)
         return r
-    # 大批：清零（counts 要从 0 加起，计数器也要是 0：同一块显存，一次 memset）、route（每个 token 一个实例，
-    # 原子加计数）、align（每个实例放 chunk 个对）
-    zeros = torch.zeros(E + T * slots, dtype=torch.int32, device=dev)
-    r = Routing(topk_w, ints(T, top_k), zeros[:E], ints(E), ints(num_blocks), ints(num_blocks * bm), zeros[E:])
+    # 大批：route（每个 token 一个实例，原子加计数）、align（每个实例放 chunk 个对）
     rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
     k["route"][(T,)](router_logits, router_logits.stride(0), r.topk_w, r.topk_ids, rank, r.counts, E,
-                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1), RENORM=renormalize)
+                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=block_k, RENORM=renormalize)
     k["align"][(-(-P // chunk),)](r.counts, r.topk_ids, rank, r.starts, r.block_expert, r.sorted_pairs, E, P,
                                   num_blocks, BM=bm, BLOCK_E=block_e, CHUNK=chunk)
     return r
