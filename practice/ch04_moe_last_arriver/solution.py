@@ -37,11 +37,11 @@ def run_programs(programs: Sequence[Program], num_tokens: int,
         for p, _ in program:  # 2. 再给每一行的 token 报到
             t = p // top_k
             before, counters[t] = counters[t], counters[t] + 1
-            if before == top_k - 1:  # 3. 最后一个到：按 k 的顺序相加，计数器放回 0
+            if before == top_k - 1:  # 3. 最后一个到：按 k 的顺序相加（计数器留在 K，下次调用前有人清零）
                 total = 0.0
                 for j in range(top_k):
                     total += rows[t * top_k + j]
-                out[t], summed_by[t], counters[t] = total, i, 0
+                out[t], summed_by[t] = total, i
     return out, summed_by, counters
 
 

@@ -8,7 +8,7 @@ from solution import arrival_order_sum, run_programs
 
 def test_small_example():
     programs = [[(0, 1.5), (3, 2.0)], [(1, 0.25)], [(2, 4.0)]]
-    assert run_programs(programs, 2, 2) == ([1.75, 6.0], [1, 2], [0, 0])
+    assert run_programs(programs, 2, 2) == ([1.75, 6.0], [1, 2], [2, 2])
     assert arrival_order_sum(programs, 2, 2) == [1.75, 6.0]
 
 
@@ -43,7 +43,7 @@ def test_any_arrival_order_gives_the_same_bits():
             rng.shuffle(order)
             out, summed_by, counters = run_programs(order, T, K)
             assert out == want  # 逐位相同（== 比的是浮点数的每一位）
-            assert counters == [0] * T  # 到齐的 token 计数器都放回了 0
+            assert counters == [K] * T  # 每个 token 的 K 行都报到了一次；清零是下一次调用之前的事
             for t in range(T):  # 收尾的是含 token t 的行里、到得最晚的那个实例
                 assert summed_by[t] == max(i for i, prog in enumerate(order) if any(p // K == t for p, _ in prog))
 
