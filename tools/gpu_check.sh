@@ -132,7 +132,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       --config benchmarks/configs/qwen3-0.6b.json
   fi
   if has moe; then  # its GPU tests already ran above unless SKIP_TESTS=1
-    phases="production layer decode offline"; [ "${SKIP_TESTS:-0}" = 1 ] && phases="tests $phases"
+    phases="production layer decode profile offline"; [ "${SKIP_TESTS:-0}" = 1 ] && phases="tests $phases"
     MOE_PHASES=${MOE_PHASES:-$phases} MOE_FI_WARMUP=0 OUT=$OUT bash tools/gpu_moe.sh || rc=1
   fi
 fi

@@ -6,18 +6,19 @@
 # MoE imports two sgl_kernel ops, which benchmarks/sgl_kernel_shim stands in for in plain torch) and
 # SmolLM2-135M-Instruct's folder where MINISGL_CACHE_DIR points
 # (default ~/.cache/minisgl/SmolLM2-135M-Instruct) for the production-path test.
-# Knobs: MOE_PHASES picks from "tests production layer decode offline" (default all); MOE_LAYERS cuts the
+# Knobs: MOE_PHASES picks from "tests production layer decode profile offline" (default all); MOE_LAYERS cuts the
 # Qwen3-30B-A3B config to that many layers for decode and offline (default: all 48); MOE_ROUNDS (default 2)
 # turns of minisgl and upstream on the offline workload; MOE_SWEEP=1 adds bench_moe.py layer --sweep (block
 # shapes per batch size; minutes).
 # Phases: the MoE GPU tests (chapter 4's inside .build/trees/ch04, chapter 8's MoE ones); the production path
 # (chapter 11's test_production_path: SmolLM2 bf16, fi, graphs, overlap, chunked prefill, against transformers);
 # one MoE block per batch size against its floor (chapter 4's GPU cell runs the same); the engine's decode step
-# with dummy weights at batch 1, 8, 64, 256 against its floor; the offline workload, minisgl and upstream.
+# with dummy weights at batch 1, 8, 64, 256 against its floor; where the batch-1 step's time goes, kernel by kind (8
+# layers, the 性能 page's profile); the offline workload, minisgl and upstream.
 set -uo pipefail
 GPU_TAG=gpu_moe
 . "$(dirname "$0")/gpu_env.sh"
-phase() { case " ${MOE_PHASES:-tests production layer decode offline} " in *" $1 "*) return 0;; esac; return 1; }
+phase() { case " ${MOE_PHASES:-tests production layer decode profile offline} " in *" $1 "*) return 0;; esac; return 1; }
 layers=(); [ -n "${MOE_LAYERS:-}" ] && layers=(--num-layers "$MOE_LAYERS")
 # FlashInfer compiles its kernels on first use (minutes): in parallel up front, unless gpu_check.sh already did
 [ "${MOE_FI_WARMUP:-1}" = 1 ] && run fi_warmup python3 tools/fi_warmup.py
@@ -35,6 +36,10 @@ if phase layer; then
 fi
 if phase decode; then
   run bench_moe_decode python3 benchmarks/bench_moe.py decode "${layers[@]}" --json "$OUT/moe_decode.json"
+fi
+if phase profile; then  # 8 layers are enough: every layer runs the same kernels
+  run profile_decode_qwen3-30b-a3b python3 benchmarks/profile_forward.py --config benchmarks/configs/qwen3-30b-a3b.json \
+    --decode 1 --dummy-weight --num-layers 8 --rows 14
 fi
 if phase offline; then
   peer=0
