@@ -22,14 +22,15 @@ run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
   local name=$1; shift
   local rest; rest=$(left)
   if [ "$rest" -lt 30 ]; then
-    echo "${GPU_TAG:-gpu}: $name skipped: ${rest} s of GPU_BUDGET left" | tee -a "$OUT/skipped.txt"; rc=1; return
+    echo "${GPU_TAG:-gpu}: $name skipped: ${rest} s of GPU_BUDGET left" | tee -a "$OUT/skipped.txt"; rc=1
+  else
+    echo "=== $name: $*"
+    local limit=(); [ -n "${GPU_BUDGET:-}" ] && limit=(timeout "$rest")
+    "${limit[@]}" "$@" 2>&1 | grep --line-buffered -v "Loading weights" | tee "$OUT/$name.txt"  # line-buffered: a command killed at the time limit keeps what it printed
+    local status=${PIPESTATUS[0]}
+    [ "$status" -eq 124 ] && echo "${GPU_TAG:-gpu}: $name cut at the end of GPU_BUDGET" | tee -a "$OUT/skipped.txt"
+    [ "$status" -eq 0 ] || { echo "${GPU_TAG:-gpu}: $name FAILED"; rc=1; }
   fi
-  echo "=== $name: $*"
-  local limit=(); [ -n "${GPU_BUDGET:-}" ] && limit=(timeout "$rest")
-  "${limit[@]}" "$@" 2>&1 | grep --line-buffered -v "Loading weights" | tee "$OUT/$name.txt"  # line-buffered: a command killed at the time limit keeps what it printed
-  local status=${PIPESTATUS[0]}
-  [ "$status" -eq 124 ] && echo "${GPU_TAG:-gpu}: $name cut at the end of GPU_BUDGET" | tee -a "$OUT/skipped.txt"
-  [ "$status" -eq 0 ] || { echo "${GPU_TAG:-gpu}: $name FAILED"; rc=1; }
-  [ -n "${GPU_PACK:-}" ] && tar czf "$GPU_PACK" -C "$OUT" . 2>/dev/null
+  [ -n "${GPU_PACK:-}" ] && tar czf "$GPU_PACK" -C "$OUT" . 2>/dev/null  # skipped.txt too: the last pack has it
   return 0
 }
