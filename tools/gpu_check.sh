@@ -9,7 +9,8 @@
 # workload, AB_ROUNDS times each, default 3: one run of each is too noisy to compare) and "moe" (not in the
 # default: tools/gpu_moe.sh, the production-path test and Qwen3-30B-A3B's MoE block, decode step and offline run
 # against upstream) and "serving_ab" (not in the default: the ch15 serving workload against upstream's server,
-# AB_ROUNDS turns each); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
+# AB_ROUNDS turns each) and "tp" (not in the default; two GPUs: Qwen3-8B served at --tp 1 and --tp 2 on the offline
+# workload's lengths, through the official client); BENCH_CONFIGS picks configs for decode (qwen3-0.6b qwen3-8b);
 # GEMV_SWEEP=1 adds the block-shape sweep of benchmarks/bench_gemv.py; ATTN_SWEEP=1 the split-KV sweep of
 # benchmarks/bench_attention.py.
 # Phases: FlashInfer's kernels compiled in parallel (tools/fi_warmup.py); the tests marked gpu (chapter N's
@@ -130,6 +131,16 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   if has structured; then  # ch17: mask fill and apply on the GPU, constrained vs free requests under graphs + overlap
     run bench_structured python3 benchmarks/bench_structured.py --device cuda --tables fill apply e2e \
       --config benchmarks/configs/qwen3-0.6b.json
+  fi
+  if has tp; then  # Qwen3-8B (random bf16) at TP=1 and TP=2: 256 requests, lengths uniform in [100, 1024], all in flight
+    if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+      for tp in 1 2; do
+        run "serving_qwen3-8b_tp$tp" python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-8b.json \
+          --server-args "--tp $tp" --concurrency 256 --num-requests 256 --lengths 100 1024 --no-hf-baseline --client-procs 4
+      done
+    else
+      echo "gpu_check: tp skipped: it needs two GPUs" | tee -a "$OUT/skipped.txt"
+    fi
   fi
   if has moe; then  # its GPU tests already ran above unless SKIP_TESTS=1
     phases="production layer decode profile offline"; [ "${SKIP_TESTS:-0}" = 1 ] && phases="tests $phases"
