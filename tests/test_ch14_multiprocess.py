@@ -23,7 +23,7 @@ SMALL = dict(device="cpu", num_pages=1024, max_seq_len_override=256)  # 离线 L
 class Harness:
     """测试扮演 tokenizer（往调度器 PUSH UserMsg）和 detokenizer（PULL 调度器的结果）。"""
 
-    def __init__(self, model, tp: int, **config) -> None:
+    def __init__(self, model, tp: int, target=None, **config) -> None:
         d = tempfile.mkdtemp(prefix="ch14")
         config = {**SMALL, "page_size": 4, "max_running_req": 8, **config}  # GPU 的测试换掉 device 等几项
         self.config = SchedulerConfig(model, tp_info=DistributedInfo(0, tp), zmq_backend_addr=f"ipc://{d}/backend",
@@ -32,15 +32,21 @@ class Harness:
         self.detok: ZmqPullQueue = ZmqPullQueue(self.config.zmq_detokenizer_addr, create=True)
         self.send: ZmqPushQueue = ZmqPushQueue(self.config.zmq_backend_addr, create=False)
         self.ack = mp.get_context("spawn").Queue()
-        self.procs = start_scheduler_processes(self.config, self.ack, target=_rank_main)
+        self.procs = start_scheduler_processes(self.config, self.ack, target=target or _rank_main)
         self.tokens: Dict[int, List[int]] = {}
         self.done: Dict[int, str] = {}
         self.closed = False
 
     def user(self, uid: int, prompt: List[int], max_tokens: int) -> None:
+        self.send.put(self._request(uid, prompt, max_tokens))
+
+    def users(self, prompts: List[List[int]], max_tokens: int) -> None:
+        """请求 0..n-1 放进一条 BatchBackendMsg：调度器一次收到全部，批怎么组成不随消息到达的先后变。"""
+        self.send.put(BatchBackendMsg([self._request(uid, p, max_tokens) for uid, p in enumerate(prompts)]))
+
+    def _request(self, uid: int, prompt: List[int], max_tokens: int) -> UserMsg:
         self.tokens[uid] = []
-        self.send.put(UserMsg(uid, torch.tensor(prompt, dtype=torch.int32),
-                              SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+        return UserMsg(uid, torch.tensor(prompt, dtype=torch.int32), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
     def collect(self) -> List[DetokenizeMsg]:
         msg = self.detok.get(timeout=60)
@@ -98,6 +104,12 @@ def _rank_main(config: SchedulerConfig, ack) -> None:
     """spawn 的入口（按名字导入本模块）：跑 run_scheduler_process，退出后报告收到的消息。"""
     s = run_scheduler_process(config, ack)
     ack.put((config.tp_info.rank, s.num_received, s.message_digest))
+
+
+def _rank_main_graphs(config: SchedulerConfig, ack) -> None:
+    """同 _rank_main，再报告这个 rank 为哪些批大小录了 CUDA Graph（没录时是空的）。"""
+    s = run_scheduler_process(config, ack)
+    ack.put((config.tp_info.rank, s.num_received, s.message_digest, tuple(s.engine.graph_runner.batch_sizes)))
 
 
 def reference(model, prompts, max_tokens: int, **config) -> List[List[int]]:
@@ -170,6 +182,28 @@ def test_gpu_scheduler_processes_equal_offline(fixture: str, tp: int, start, req
     assert [h.tokens[u] for u in range(len(PROMPTS))] == want
     reports = h.exit()
     assert [r[0] for r in reports] == list(range(tp)) and len({r[1:] for r in reports}) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen3_moe"])
+def test_gpu_tp2_graphs_equal_eager(fixture: str, start, request) -> None:
+    """两块 GPU、bf16、fi：all-reduce 录进 CUDA Graph 的 TP=2 与不录图的 TP=2 逐 token 相同；图真的录了。"""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    pytest.importorskip("flashinfer")
+    path = request.getfixturevalue(fixture)
+    tokens = {}
+    for max_bs in (0, 8):
+        h = start(2, path, target=_rank_main_graphs, device="cuda", dtype="bfloat16", attention_backend="fi",
+                  page_size=16, cuda_graph_max_bs=max_bs)
+        h.users(PROMPTS[:4], 24)
+        h.wait(range(4))
+        tokens[max_bs] = [h.tokens[u] for u in range(4)]
+        reports = h.exit()
+        assert [r[0] for r in reports] == [0, 1] and len({r[1:] for r in reports}) == 1
+        assert reports[0][3] == ((1, 2, 4, 8) if max_bs else ())
+    assert len({t for ts in tokens[0] for t in ts}) > 8, "a few tokens repeated: this test would catch little"
+    assert tokens[8] == tokens[0]
 
 
 def test_with_the_tokenizer_process(tiny_qwen3) -> None:
