@@ -353,7 +353,7 @@ class RetractionRig:
 
 
 def retraction_scenarios():
-    """hypothesis 的策略：2–7 个请求，提示词长短不一（一半共享两个前缀之一），max_tokens 给或不给，在随机的步
+    """hypothesis 的策略：2–6 个请求，提示词长短不一（一半共享两个前缀之一），max_tokens 给或不给，在随机的步
     到达、被中止；有的带停止 token，有的带"停止词"（看到某个 token 就被中止，像反分词进程那样）。"""
     from hypothesis import strategies as st
 

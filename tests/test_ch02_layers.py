@@ -24,6 +24,8 @@ SCALINGS = {
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
     "yarn_options": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
                      "beta_fast": 16, "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False},
+    "yarn_attention_factor": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512,
+                              "attention_factor": 0.8},
 }
 
 

@@ -17,7 +17,7 @@ from minisgl.scheduler.prefill import MAX_WAIT_STEPS
 
 @pytest.mark.parametrize("fixture,cache_type,page_size", [
     ("tiny_qwen3", "radix", 1), ("tiny_qwen3", "radix", 16), ("tiny_qwen3", "naive", 1), ("tiny_qwen3", "naive", 16),
-    ("smollm2", "radix", 16)])  # 第 11 章在两个模型上跑全部组合
+    ("smollm2", "radix", 16)])  # 第 11 章在小 Qwen3 上跑全部组合，SmolLM2 上跑两两覆盖的 5 种
 def test_batched_equals_alone(fixture: str, cache_type: str, page_size: int, reference, request) -> None:
     path, n = request.getfixturevalue(fixture), NUM_REQUESTS[fixture]
     check_batched(path, *mixed_workload(n=n), reference(path, n), page_size=page_size, cache_type=cache_type)

@@ -713,11 +713,12 @@ def test_new_flags(dummy_server, tiny_qwen3: Path, capsys) -> None:
     help_text = build_parser().format_help()
     assert all(f in help_text for f in ("--num-threads", "--dummy-weight", "--cpu-kv-memory-mb", "--memory-ratio"))
     args = parse_args(["--model", str(tiny_qwen3), "--device", "cpu", "--num-threads", "3", "--cpu-kv-memory-mb", "64",
-                       "--dummy-weight"])
-    assert (args.num_threads, args.cpu_kv_memory_mb, args.use_dummy_weight) == (3, 64, True)
+                       "--dummy-weight", "--moe-backend", "torch"])
+    assert (args.num_threads, args.cpu_kv_memory_mb, args.use_dummy_weight, args.moe_backend) == (3, 64, True, "torch")
     for flags, msg in [("--num-threads 0", "--num-threads 0 is invalid"),
                        ("--device cpu --memory-ratio 0.5", "--memory-ratio applies on a GPU only"),
-                       ("--attn flashinfer", "argument --attn/--attention-backend: invalid choice: 'flashinfer'")]:
+                       ("--attn flashinfer", "argument --attn/--attention-backend: invalid choice: 'flashinfer'"),
+                       ("--moe-backend fused", "argument --moe-backend: invalid choice: 'fused'")]:
         with pytest.raises(SystemExit) as e:
             parse_args(["--model", str(tiny_qwen3), *flags.split()])
         err = capsys.readouterr().err

@@ -11,6 +11,7 @@ from typing import Any, List, NoReturn, Tuple
 from minisgl.distributed import DistributedInfo, free_tcp_address
 from minisgl.attention import ATTN_BACKENDS
 from minisgl.kvcache import PREFIX_CACHES
+from minisgl.moe import MOE_BACKENDS
 from minisgl.scheduler import SchedulerConfig
 from minisgl.utils import pick_device
 from minisgl.utils.hf import load_hf_config, resolve_model_path
@@ -111,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--attn", "--attention-backend", default=_default("attention_backend"), choices=["auto", *ATTN_BACKENDS.names()],
         help="auto：GPU 上装了 FlashInfer 时是 fi，否则 torch")
     add("--cache", "--cache-type", default=_default("cache_type"), choices=PREFIX_CACHES.names())
+    add("--moe-backend", default=_default("moe_backend"), choices=["auto", *MOE_BACKENDS.names()],
+        help="MoE 模型的专家计算（第 4 章）。auto：GPU 上装了 Triton 时是 triton，否则 torch")
     add("--cuda-graph-max-bs", "--graph", type=int, default=_default("cuda_graph_max_bs"))
     add("--num-tokenizer", "--tokenizer-count", type=int, default=_default("num_tokenizer"),
         help="单独的分词进程数（0：detokenizer 兼做分词）")
@@ -173,7 +176,7 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
             cpu_kv_memory_mb=_default("cpu_kv_memory_mb") if ns.cpu_kv_memory_mb is None else ns.cpu_kv_memory_mb,
             num_threads=ns.num_threads, use_dummy_weight=ns.dummy_weight,
             max_running_req=1 if shell else ns.max_running_requests,  # 交互模式只有一个用户
-            max_seq_len_override=ns.max_seq_len_override, attention_backend=ns.attn,
+            max_seq_len_override=ns.max_seq_len_override, attention_backend=ns.attn, moe_backend=ns.moe_backend,
             cuda_graph_max_bs=min(ns.cuda_graph_max_bs, 1) if shell else ns.cuda_graph_max_bs,
             dist_init_addr=f"tcp://{host}:{port}" if host else free_tcp_address() if ns.tp > 1 and ns.nnodes == 1 else None,
             max_extend_tokens=ns.max_prefill_length, cache_type=ns.cache,
