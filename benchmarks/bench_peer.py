@@ -63,7 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSON",
                     help="print the turns of BENCHES=ab from their JSON files and stop")
-    ap.add_argument("--peer", type=Path, default=BENCH.parent / ".peer" / "python")
+    ap.add_argument("--peer", type=Path, default=BENCH.parent / ".peer" / "python",
+                    help="upstream mini-sglang's python/ folder @20fcd7f, git-ignored (default: .peer/python)")
     ap.add_argument("--model-dir", type=Path, default=BENCH.parent / ".peer" / "qwen3-0.6b")
     ap.add_argument("--config", type=Path, default=BENCH / "configs" / "qwen3-0.6b.json")
     ap.add_argument("--overlap", choices=["on", "off"], default="on")
