@@ -229,9 +229,17 @@ def test_async_queues_in_one_event_loop() -> None:
                 await asyncio.sleep(0.002)
                 await push.put(UserReply(uid=i, incremental_output="字" * i, finished=i == 19))
 
+        assert pull.empty()  # 还没有消息：异步队列上 empty() 也要即时回答
         sender = asyncio.create_task(send_later())
         got = [await asyncio.wait_for(pull.get(), 30) for _ in range(20)]
         await sender
+        assert pull.empty()
+        await push.put(UserReply(uid=20, incremental_output="", finished=True))
+        for _ in range(3000):  # 消息到达要一点时间：等到 empty() 变成 False（最多约 3 秒）
+            if not pull.empty():
+                break
+            await asyncio.sleep(0.001)
+        assert not pull.empty() and (await pull.get()).uid == 20 and pull.empty()
         task.cancel()
         push.stop()
         pull.stop()

@@ -39,8 +39,9 @@ class _ZmqSocket:
         self.socket.bind(addr) if create else self.socket.connect(addr)
 
     def empty(self) -> bool:
-        """没有已经到达、等着被取走的消息（只对接收端有意义）。"""
-        return self.socket.poll(timeout=0) == 0
+        """没有已经到达、等着被取走的消息（只对接收端有意义）。读 socket 的 EVENTS：同步、异步的 socket 都即时回答
+        （异步 socket 的 poll() 返回的是一个 future）。"""
+        return not self.socket.get(zmq.EVENTS) & zmq.POLLIN
 
     def _wait(self, timeout: float | None) -> None:
         if timeout is not None and self.socket.poll(timeout=int(timeout * 1000)) == 0:
