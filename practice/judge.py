@@ -40,7 +40,7 @@ PRACTICE = Path(__file__).resolve().parent
 WORK = PRACTICE / "work"
 EX_FILES = ("README.md", "exercise.toml", "stub.py", "solution.py", "test_exercise.py")
 NAME_RE = re.compile(r"^ch(\d\d)_[a-z0-9_]+$")
-N_CHAPTERS = 16  # 第 16 号是附录（ch16_scale）
+N_CHAPTERS = 17  # 第 16、17 号是附录（ch16_scale、ch17_structured）
 
 # 浏览器里（Pyodide）除了标准库，只额外提供 pytest
 BROWSER_EXTRA = {"pytest", "_pytest"}
