@@ -25,6 +25,7 @@ has() { case " ${BENCHES:-decode offline peer hf serving structured} " in *" $1 
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 } 2>&1 | tee "$OUT/env.txt"
+gpus=$(sed -n 's/.* gpus \([0-9]*\)$/\1/p' "$OUT/env.txt")  # the count printed above (tp needs two)
 run fi_warmup python3 tools/fi_warmup.py
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
@@ -133,7 +134,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       --config benchmarks/configs/qwen3-0.6b.json
   fi
   if has tp; then  # Qwen3-8B (random bf16) at TP=1 and TP=2: 256 requests, lengths uniform in [100, 1024], all in flight
-    if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    if [ "${gpus:-0}" -ge 2 ]; then
       for tp in 1 2; do
         run "serving_qwen3-8b_tp$tp" python3 benchmarks/bench_serving.py --random-config benchmarks/configs/qwen3-8b.json \
           --server-args "--tp $tp" --concurrency 256 --num-requests 256 --lengths 100 1024 --no-hf-baseline --client-procs 4
@@ -143,8 +144,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     fi
   fi
   if has moe; then  # its GPU tests already ran above unless SKIP_TESTS=1
-    phases="production layer decode profile offline"; [ "${SKIP_TESTS:-0}" = 1 ] && phases="tests $phases"
-    MOE_PHASES=${MOE_PHASES:-$phases} MOE_FI_WARMUP=0 OUT=$OUT bash tools/gpu_moe.sh || rc=1
+    skip=tests; [ "${SKIP_TESTS:-0}" = 1 ] && skip=
+    MOE_SKIP=$skip MOE_FI_WARMUP=0 OUT=$OUT bash tools/gpu_moe.sh || rc=1
   fi
 fi
 echo "gpu_check: exit $rc"

@@ -6,7 +6,8 @@
 # MoE imports two sgl_kernel ops, which benchmarks/sgl_kernel_shim stands in for in plain torch) and
 # SmolLM2-135M-Instruct's folder where MINISGL_CACHE_DIR points
 # (default ~/.cache/minisgl/SmolLM2-135M-Instruct) for the production-path test.
-# Knobs: MOE_PHASES picks from "tests production layer decode profile offline" (default all); MOE_LAYERS cuts the
+# Knobs: MOE_PHASES picks from "tests production layer decode profile offline" (default all), MOE_SKIP leaves
+# some of them out (gpu_check.sh: its tests phase already ran them); MOE_LAYERS cuts the
 # Qwen3-30B-A3B config to that many layers for decode and offline (default: all 48); MOE_ROUNDS (default 2)
 # turns of minisgl and upstream on the offline workload; MOE_SWEEP=1 adds bench_moe.py layer --sweep (block
 # shapes per batch size; minutes).
@@ -18,7 +19,10 @@
 set -uo pipefail
 GPU_TAG=gpu_moe
 . "$(dirname "$0")/gpu_env.sh"
-phase() { case " ${MOE_PHASES:-tests production layer decode profile offline} " in *" $1 "*) return 0;; esac; return 1; }
+phase() {
+  case " ${MOE_SKIP:-} " in *" $1 "*) return 1;; esac
+  case " ${MOE_PHASES:-tests production layer decode profile offline} " in *" $1 "*) return 0;; esac; return 1
+}
 layers=(); [ -n "${MOE_LAYERS:-}" ] && layers=(--num-layers "$MOE_LAYERS")
 # FlashInfer compiles its kernels on first use (minutes): in parallel up front, unless gpu_check.sh already did
 [ "${MOE_FI_WARMUP:-1}" = 1 ] && run fi_warmup python3 tools/fi_warmup.py
