@@ -23,7 +23,7 @@ SMALL = dict(device="cpu", num_pages=1024, max_seq_len_override=256)  # 离线 L
 class Harness:
     """测试扮演 tokenizer（往调度器 PUSH UserMsg）和 detokenizer（PULL 调度器的结果）。"""
 
-    def __init__(self, model, tp: int, target=None, **config) -> None:
+    def __init__(self, model, tp: int, **config) -> None:
         d = tempfile.mkdtemp(prefix="ch14")
         config = {**SMALL, "page_size": 4, "max_running_req": 8, **config}  # GPU 的测试换掉 device 等几项
         self.config = SchedulerConfig(model, tp_info=DistributedInfo(0, tp), zmq_backend_addr=f"ipc://{d}/backend",
@@ -32,7 +32,7 @@ class Harness:
         self.detok: ZmqPullQueue = ZmqPullQueue(self.config.zmq_detokenizer_addr, create=True)
         self.send: ZmqPushQueue = ZmqPushQueue(self.config.zmq_backend_addr, create=False)
         self.ack = mp.get_context("spawn").Queue()
-        self.procs = start_scheduler_processes(self.config, self.ack, target=target or _rank_main)
+        self.procs = start_scheduler_processes(self.config, self.ack, target=_rank_main)
         self.tokens: Dict[int, List[int]] = {}
         self.done: Dict[int, str] = {}
         self.closed = False
@@ -101,13 +101,7 @@ def start(tiny_qwen3):
 
 
 def _rank_main(config: SchedulerConfig, ack) -> None:
-    """spawn 的入口（按名字导入本模块）：跑 run_scheduler_process，退出后报告收到的消息。"""
-    s = run_scheduler_process(config, ack)
-    ack.put((config.tp_info.rank, s.num_received, s.message_digest))
-
-
-def _rank_main_graphs(config: SchedulerConfig, ack) -> None:
-    """同 _rank_main，再报告这个 rank 为哪些批大小录了 CUDA Graph（没录时是空的）。"""
+    """spawn 的入口（按名字导入本模块）：跑 run_scheduler_process，退出后报告收到的消息和录了图的批大小（没录时是空的）。"""
     s = run_scheduler_process(config, ack)
     ack.put((config.tp_info.rank, s.num_received, s.message_digest, tuple(s.engine.graph_runner.batch_sizes)))
 
@@ -160,8 +154,8 @@ def test_one_process_tokens_abort_exit(tiny_qwen3, start) -> None:
     h.user(11, PROMPTS[1], 12)  # 中止之后照常服务
     h.wait([11])
     assert h.tokens[11] == want[1]
-    (rank, n, _), = h.exit()
-    assert (rank, n) == (0, len(PROMPTS) + 4)  # 7 个请求、1 条（成批的）中止、ExitMsg
+    (rank, n, _, graphs), = h.exit()
+    assert (rank, n, graphs) == (0, len(PROMPTS) + 4, ())  # 7 个请求、1 条（成批的）中止、ExitMsg；CPU 上不录图
 
 
 @pytest.mark.gpu
@@ -194,7 +188,7 @@ def test_gpu_tp2_graphs_equal_eager(fixture: str, start, request) -> None:
     path = request.getfixturevalue(fixture)
     tokens = {}
     for max_bs in (0, 8):
-        h = start(2, path, target=_rank_main_graphs, device="cuda", dtype="bfloat16", attention_backend="fi",
+        h = start(2, path, device="cuda", dtype="bfloat16", attention_backend="fi",
                   page_size=16, cuda_graph_max_bs=max_bs)
         h.users(PROMPTS[:4], 24)
         h.wait(range(4))
