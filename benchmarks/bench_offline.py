@@ -165,14 +165,6 @@ def run_minisgl(path: Path, prompts, outputs, args, variant: Dict[str, str] | No
     return rows
 
 
-KINDS = [("attention", ["flashinfer", "batchdecode", "batchprefill", "attention", "paged", "sdpa", "flash"]),
-         ("gemm", ["gemm", "cutlass", "sm90", "nvjet", "cublas", "matmul"]),
-         ("norm", ["norm"]), ("rope", ["rope", "rotary"]),
-         ("sampling", ["sampl", "argmax", "topk", "softmax", "sort"]),
-         ("memcpy/memset", ["memcpy", "memset"]), ("store/index", ["store", "index", "gather", "scatter"]),
-         ("activation", ["silu", "act_and_mul", "gelu"]), ("elementwise", ["elementwise", "vectorized", "reduce"])]
-
-
 def host_profile(fn: Callable[[], int], device: str) -> None:
     """The scheduler's own Python time (cProfile): which host functions a step spends its time in."""
     import cProfile
@@ -201,7 +193,11 @@ def short_paths(line: str) -> str:
 def profile_run(fn: Callable[[], int], device: str) -> None:
     """Where the GPU time goes: kernel time by kind, kernel count, and the share of wall time the GPU was busy."""
     import collections
+
     from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(BENCH))
+    from profile_forward import kind_of  # one classification of kernels for both profiles
 
     # one profiling cycle here: torch's reminder that it clears the events of earlier cycles does not apply
     warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
@@ -230,7 +226,7 @@ def profile_run(fn: Callable[[], int], device: str) -> None:
     by_kind: Dict[str, float] = collections.Counter()
     n_kind: Dict[str, int] = collections.Counter()
     for name, us in kern.items():
-        k = next((k for k, pats in KINDS if any(p in name.lower() for p in pats)), "other")
+        k = kind_of(name)
         by_kind[k] += us
         n_kind[k] += count[name]
     print(f"{'kind':<14} {'seconds':>8} {'share':>6} {'kernels':>8}")

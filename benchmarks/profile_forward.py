@@ -19,6 +19,7 @@ between kernels. Then the kernels with the most time.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -105,14 +106,20 @@ def main() -> None:
 KINDS = [  # (kind, regex on the lower-cased kernel name): the first match wins
     ("qk_norm_rope_store", r"qk_norm_rope_store"),
     ("moe", r"^(route|align|route_align|gate_up|down)$"),  # chapter 4's fused MoE kernels (Triton names)
-    ("attention", r"batchdecode|batchprefill|mergestate|attention|^split_kv$|^merge$"),  # the last two: kernel/decode.py
+    # FlashInfer's decode/prefill (FA2 and sm90) and merge kernels, torch's SDPA kernels, kernel/decode.py's two
+    ("attention", r"batchdecode|prefill|mergestate|attention|flash_fwd|fmha|^split_kv$|^merge$"),
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas"),
     ("norm", r"norm"),
     ("rope", r"rope"),
     ("silu_and_mul", r"silu|act_and_mul"),
     ("kv store / copy", r"index_copy|indexcopy|copy|scatter"),
-    ("sampling", r"argmax|sampl|softmax|topk|top_k|reduce"),
+    ("sampling", r"argmax|sampl|softmax|topk|top_k|reduce|^race_chunk$|^check_chunk$|^race_finish$"),  # + kernel/sample.py
 ]
+
+
+def kind_of(kernel: str) -> str:
+    """The kind of a CUDA kernel by its name (KINDS; bench_offline.py's profile uses it too)."""
+    return next((k for k, rx in KINDS if re.search(rx, kernel.lower())), "other")
 
 
 def profile_decode(args: argparse.Namespace) -> None:
@@ -145,8 +152,6 @@ def profile_decode(args: argparse.Namespace) -> None:
 
 
 def profile_decode_step(engine, reqs: list, args: argparse.Namespace, title: str) -> None:
-    import re
-
     from bench_decode import decode_batch
 
     def prepare() -> tuple:  # CPU work of a step (not timed below)
@@ -179,7 +184,7 @@ def profile_decode_step(engine, reqs: list, args: argparse.Namespace, title: str
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_kind: dict = {}
     for e in kernels:
-        kind = next((k for k, rx in KINDS if re.search(rx, e.key.lower())), "other")
+        kind = kind_of(e.key)
         n, us = by_kind.get(kind, (0, 0.0))
         by_kind[kind] = (n + e.count, us + e.self_device_time_total)
     total_n = sum(n for n, _ in by_kind.values()) / steps
