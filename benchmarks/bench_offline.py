@@ -229,9 +229,9 @@ def profile_run(fn: Callable[[], int], device: str) -> None:
         k = kind_of(name)
         by_kind[k] += us
         n_kind[k] += count[name]
-    print(f"{'kind':<14} {'seconds':>8} {'share':>6} {'kernels':>8}")
+    print(f"{'kind':<18} {'seconds':>8} {'share':>6} {'kernels':>8}")
     for k, us in by_kind.most_common():
-        print(f"{k:<14} {us / 1e6:>8.3f} {100 * us / total:>5.1f}% {n_kind[k]:>8}")
+        print(f"{k:<18} {us / 1e6:>8.3f} {100 * us / total:>5.1f}% {n_kind[k]:>8}")
     print("top kernels:")
     for name, us in kern.most_common(12):
         print(f"  {us / 1e6:8.3f} s  x{count[name]:<6} {name[:100]}")

@@ -1,6 +1,7 @@
 # Tangled from book/chapters/ch06_kvcache.ipynb and ch08_engine.ipynb and ch11_overlap.ipynb and ch17_structured.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, Iterator, List, Literal, Tuple
@@ -42,15 +43,15 @@ class SamplingParams:
     ebnf: str | None = None  # EBNF 文法（xgrammar 的写法，起始规则叫 root）
 
     def __post_init__(self) -> None:
-        def num(x: object, lo: float, hi: float) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi
+        def num(x: object, lo: float, hi: float) -> bool:  # 有限的数（JSON 也能写出 Infinity、NaN）
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi and math.isfinite(x)
 
         def integer(x: object, lo: int, hi: int = 2**63 - 1) -> bool:
             return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
 
         inf = float("inf")
         checks = {
-            "temperature": (num(self.temperature, 0, inf), "must be >= 0 (below 1e-5 means greedy)"),
+            "temperature": (num(self.temperature, 0, inf), "must be a finite number >= 0 (below 1e-5 means greedy)"),
             "top_k": (self.top_k == -1 or integer(self.top_k, 1), "must be -1 (off) or >= 1"),
             "top_p": (num(self.top_p, 0, 1) and self.top_p > 0, "must be in (0, 1]"),
             "min_p": (num(self.min_p, 0, 1), "must be in [0, 1]"),

@@ -277,6 +277,8 @@ BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误�
     ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 17}, "stop"),  # 每个 token 都要找一遍的 stop 字符串：有上限
     ("/v1/responses", {"input": [{"role": "user", "content": ["hi"]}]}, "input"),  # 内容片段不是对象
     ("/generate", {"prompt": ""}, "prompt"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+     "temperature"),  # Python 的 json 收 Infinity；不是有限数的温度没有意义
 ]
 
 def test_malformed_requests(server) -> None:
@@ -295,6 +297,34 @@ def test_malformed_requests(server) -> None:
         client(port).completions.create(model="m", prompt="hi", top_p=2.0)
     assert getattr(e.value, "status_code", None) == 400
     assert client(port).completions.create(model="m", prompt="hi", max_tokens=2).usage.completion_tokens <= 2
+
+SURROGATES = [  # (接口, 原样的请求体：JSON 里写着落单的代理, 错误里说的位置)
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "bad \\ud800 text"}]}', "messages.0.content"),
+    ("/v1/completions", b'{"prompt": ["a long story", "bad \\udfff"], "max_tokens": 200, "ignore_eos": true}',
+     "prompt.1"),  # 第一个提示词没问题：它也不能先发出去、没人收地跑下去
+    ("/v1/completions", b'{"prompt": "hi", "stop": ["ok", "\\ud800"]}', "stop.1"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"\\udc00": 1}}',
+     "logit_bias.\\udc00"),  # 键里的代理：错误消息里写成转义
+    ("/v1/responses", b'{"input": "x \\ud800"}', "input"),
+    ("/generate", b'{"prompt": "x \\ud800"}', "prompt"),
+]
+
+def test_lone_surrogates_are_400_and_start_nothing(server) -> None:
+    """JSON 里落单的 UTF-16 代理（"\\ud800"）：400，错误说出在哪个字段；什么也没发给后端——没有请求在跑、
+    结束的请求数和生成的 token 数都不变。"""
+    port, _ = server
+    before = metrics(port)
+    for path, body, where in SURROGATES:
+        r = httpx.post(f"http://127.0.0.1:{port}{path}", content=body, headers={"Content-Type": "application/json"},
+                       timeout=30)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        message = r.json()["error"]["message"]
+        assert f"{where} is not valid Unicode text" in message and "surrogate" in message, message
+    time.sleep(1.0)  # 真发出去了的话，这时它正在生成（或已经结束、被数进了 /metrics）
+    after = metrics(port)
+    assert after["minisgl_num_running_requests"] == 0 and after["minisgl_kv_pages_used"] == 0, after
+    for key in ("minisgl_generation_tokens_total", 'minisgl_request_latency_seconds_bucket{le="+Inf"}'):
+        assert after[key] == before[key], key
 
 
 def hf_model(tiny: Path) -> Tuple[Any, Any]:
@@ -367,6 +397,7 @@ def test_n_choices(server) -> None:
     c = client(port)
     chat = [{"role": "user", "content": "Write a poem."}]
     kw: Dict[str, Any] = dict(model="m", messages=chat, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
+    c.chat.completions.create(**{**kw, "max_tokens": 1})  # 先把提示词算进前缀缓存：之后每个回答都以同样的方式命中它
     r = c.chat.completions.create(n=3, seed=11, **kw)
     assert [ch.index for ch in r.choices] == [0, 1, 2]
     single = [c.chat.completions.create(seed=11 + j, **kw) for j in range(3)]
@@ -547,6 +578,7 @@ def test_api_key_stop_and_seed(smol_server) -> None:
     assert cut.choices[0].finish_reason == "stop" and free.choices[0].text.startswith(cut.choices[0].text)
     assert " 7" not in cut.choices[0].text and cut.usage.prompt_tokens == free.usage.prompt_tokens > 0
     chat = [{"role": "user", "content": "Write a short poem about the sea."}]
+    c.chat.completions.create(model="m", messages=chat, max_tokens=1)  # 提示词先进前缀缓存（第 8 章：seed 的保证）
     a, b, other = (c.chat.completions.create(model="m", messages=chat, max_tokens=12, temperature=1.0, seed=s)
                    for s in (7, 7, 8))
     assert a.choices[0].message.content == b.choices[0].message.content != other.choices[0].message.content
@@ -631,10 +663,19 @@ def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path)
     bad = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--page-size", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --page-size 0 is invalid: it must be >= 1"
+    with socket.socket() as busy:  # 被占的端口：加载模型、拉起工作进程之前就是一行错误
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        taken = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--port", str(port)],
+                               capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 2 and taken.stdout == "", taken.stdout
+    assert taken.stderr.strip() == f"error: --host 127.0.0.1 --port {port}: cannot listen there: Address already in use"
     p = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--port", str(free_port()),
                         "--attn", "fi", "--device", "cpu"], capture_output=True, text=True, timeout=240)
     out = p.stdout + p.stderr
-    assert p.returncode == 1 and "minisgl-TP0-scheduler exited with code 1 before it was ready" in out, out[-2000:]
+    assert p.returncode == 1 and "minisgl-TP0-scheduler exited with code 2 before it was ready" in out, out[-2000:]
+    assert "--attn fi needs a CUDA device" in out and "Traceback" not in out, out[-2000:]  # 一行原因，没有 traceback
 
 def test_sigterm_leaves_no_orphans(smol_server) -> None:
     """SIGTERM 给主进程：所有工作进程都跟着退出（这个模块里最后一个用 smol_server 的测试）。"""

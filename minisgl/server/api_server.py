@@ -93,9 +93,10 @@ class FrontendManager:
         self.start()
         await self.send_tokenizer[msg.uid % len(self.send_tokenizer)].put(msg)
 
-    async def first_replies(self, uids: List[int], param: str, max_tokens_param: str = "max_tokens") -> None:
+    async def first_replies(self, uids: List[int], param: str, max_tokens_param: str = "max_tokens",
+                            max_tokens_note: str = "") -> None:
         """等每个请求的第一条回复（不取走）：被拒绝或后端挂了时，HTTP 状态码还没发出去，来得及回一个错误。
-        max_tokens_param：客户端给输出上限用的字段名，分词进程说 max_tokens 的地方换成它。"""
+        max_tokens_param：客户端给输出上限用的字段名，分词进程说 max_tokens 的地方换成它，值后面接上 max_tokens_note。"""
         event = self.event_map[uids[0]]
         try:
             while not all(self.ack_map[uid] for uid in uids):
@@ -115,7 +116,7 @@ class FrontendManager:
         if r.finish_reason == "error":
             raise APIError(503, f"the server is shutting down: {self.dead}", type="server_error")
         if r.error is not None:  # 分词进程说了原因："max_tokens=... is too large ..."、提示词太长……
-            error = re.sub(r"^max_tokens=", f"{max_tokens_param}=", r.error)
+            error = re.sub(r"^max_tokens=(\d+)", lambda m: f"{max_tokens_param}={m[1]}{max_tokens_note}", r.error)
             field_name = re.match(r"(\w+)=", error)
             raise APIError(400, error, param=field_name.group(1) if field_name else param,
                            code="context_length_exceeded" if "context" in error else None)
@@ -238,15 +239,38 @@ def get_state() -> FrontendManager:
     return _STATE
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON 里落单的 "\ud800" 这类 UTF-16 代理：不是合法的 Unicode 文字
+
+
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """解析好的 JSON 里第一个带落单代理的字符串（或字典的键）在哪，写成 messages.0.content；没有时 None。"""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = f"{path}.{key}" if path else str(key)
+        found = where if isinstance(key, str) and _SURROGATE.search(key) else _lone_surrogate(item, where)
+        if found is not None:
+            return found
+    return None
+
 class _Strict(BaseModel):
-    """请求体的基类：不认识的字段回 400（见 app 的错误处理）；值为 null 的字段和没给一样（OpenAI 的约定）。"""
+    """请求体的基类：不认识的字段回 400（见 app 的错误处理）；值为 null 的字段和没给一样（OpenAI 的约定）；
+    带落单代理的文字回 400。"""
 
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_nulls(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+    def _raw_body(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        where = _lone_surrogate(data)
+        if where is not None:  # 不拦在这里，就要到发给分词进程、按 UTF-8 编码时才出错：那时已是一个 500
+            where = where.encode("utf-8", "backslashreplace").decode()  # 键里的代理也能写进错误消息
+            raise ValueError(f"{where} is not valid Unicode text: it has a lone UTF-16 surrogate "
+                             f"(a \\ud800-\\udfff escape without its pair)")
+        return {k: v for k, v in data.items() if v is not None}
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List
 import psutil
 import torch
 
+from minisgl.core import Batch
 from minisgl.distributed import DistributedInfo
 from minisgl.message import SchedulerStats
 from minisgl.scheduler import Scheduler
@@ -58,6 +59,12 @@ class ServingScheduler(Scheduler):
             self.push_stats()
         return busy
 
+    def schedule_next_batch(self) -> Batch | None:
+        batch = super().schedule_next_batch()
+        if batch is not None and time.monotonic() - self._stats_time > self.STATS_INTERVAL:
+            self.push_stats()  # 开算之前也推：CPU 上几千个 token 的 prefill 一步就是十几秒
+        return batch
+
     def shutdown(self) -> None:
         if self._stats_queue is not None:
             self._stats_queue.stop()
@@ -78,7 +85,11 @@ def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
     watch_parent()  # 启动器被 kill -9 时跟着退出（第 12 章）
     args = replace(args, num_threads=_num_threads(args))  # 引擎按它设 torch 的线程数
     with torch.inference_mode():
-        scheduler = ServingScheduler(args)
+        try:
+            scheduler = ServingScheduler(args)
+        except ValueError as e:  # 配置用不了（KV 池放不下一个请求、CPU 上的 --attn fi……）：一行说清，不要 traceback
+            logger.error(str(e))
+            sys.exit(2)
         scheduler.sync_all_ranks()  # 所有 rank 都初始化完（包括 ZMQ 订阅）再开始
         if ack_queue is not None and args.tp_info.is_primary():
             ack_queue.put("Scheduler is ready")
@@ -185,13 +196,31 @@ async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
             server.should_exit = True
             return
 
-async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], links: List[NodeLink]) -> int:
+def listen_socket(args: ServerArgs) -> socket.socket:
+    """HTTP 服务的监听 socket，在拉起工作进程、加载模型之前绑定：坏的 --host、被占的 --port 立刻是一行错误。"""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(args.server_host, args.server_port,
+                                                          type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {args.server_host!r} is invalid: {e.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"--host {args.server_host} --port {args.server_port}: cannot listen there: "
+                         f"{e.strerror}") from None
+    return sock
+
+async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], links: List[NodeLink],
+                 sock: socket.socket) -> int:
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
                                            log_level="warning", timeout_graceful_shutdown=2))
     watch = asyncio.create_task(_watch(args, state, procs, links, server))
-    await server.serve()
+    await server.serve(sockets=[sock])
     watch.cancel()
     return 1 if state.dead is not None or not server.started else 0
 
@@ -236,6 +265,11 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
     signal.signal(signal.SIGTERM, _interrupt)
     if args.node_rank > 0:
         return serve_node(args)  # 其他节点：只有本节点的调度器 rank，没有 API Server 和分词进程
+    try:
+        sock = None if args.shell else listen_socket(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)  # 和 parse_args 的错误一样：一行，退出码 2
+        return 2
     state = create_frontend(args)
     links: List[NodeLink] = []
 
@@ -249,7 +283,8 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
 
             asyncio.run(shell(state))
             return 0
-        return asyncio.run(_serve(args, state, procs, links))
+        assert sock is not None
+        return asyncio.run(_serve(args, state, procs, links, sock))
 
     try:
         return exit_code(run)
