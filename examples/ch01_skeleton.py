@@ -2,7 +2,6 @@
 """第 1 章：环境变量、日志、注册表，以及离线可用的两样东西——内置模型和 Qwen3 分词器。"""
 
 import json
-import os
 
 from minisgl.env import Env, load_env
 from minisgl.utils import Registry, div_ceil, init_logger

@@ -1,6 +1,4 @@
 # Tangled from book/chapters/ch01_skeleton.ipynb — edit the notebook, not this file.
-import logging
-
 import pytest
 import torch
 

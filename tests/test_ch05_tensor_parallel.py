@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from minisgl.distributed import (DistributedInfo, destroy_distributed, free_tcp_address, get_tp_info,
-                                 init_distributed, kv_head_range, set_tp_info, shard_range, vocab_range)
+from minisgl.distributed import (DistributedInfo, destroy_distributed, get_tp_info, init_distributed, kv_head_range,
+                                 set_tp_info, shard_range, vocab_range)
 from minisgl.models import ModelConfig, SimpleKVCache, create_model, greedy_generate, load_weight
 from minisgl.utils.hf import load_hf_config
 

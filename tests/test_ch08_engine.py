@@ -14,7 +14,6 @@ from conftest import run_interpreted
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.distributed import DistributedInfo
 from minisgl.engine import Engine, EngineConfig, Sampler, graph_batch_sizes
 from minisgl.engine.sample import relative_probs, sample_inverse_cdf, seeded_uniform, top_k_top_p_candidates
 from minisgl.layers.base import linear, onednn_weight

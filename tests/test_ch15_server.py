@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -709,7 +708,7 @@ def test_abort_goes_to_the_tokenizer_of_its_request(tmp_path: Path) -> None:
     """--num-tokenizer 2：同一个 uid 的 TokenizeMsg 和 AbortMsg 总是发给同一个 tokenizer，中止排在请求后面。
     （PUSH 轮流分发的话，中止会落到另一个 tokenizer 上，可能比请求先到调度器。）"""
     from minisgl.core import SamplingParams
-    from minisgl.message import AbortMsg, TokenizeMsg
+    from minisgl.message import TokenizeMsg
     from minisgl.server.api_server import FrontendManager
     from minisgl.server.args import ServerArgs
     from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue, ZmqPullQueue
