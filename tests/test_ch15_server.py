@@ -24,6 +24,7 @@ from openai import AsyncOpenAI, OpenAI
 # float32 + torch 注意力：CPU 上就是默认值；在 GPU 机器上跑这些测试时，贪心结果才能和 transformers 逐 token 比较
 SERVER_FLAGS = ["--num-pages", "2048", "--max-seq-len-override", "256", "--dtype", "float32", "--attn", "torch"]
 RUNNING: Dict[int, subprocess.Popen] = {}  # 端口 → 服务进程：最后几个测试给服务发信号、杀它的工作进程
+LOGS: Dict[int, Path] = {}  # 端口 → 服务的日志（stdout 和 stderr）
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -42,7 +43,7 @@ def start_server(model: Path, log: Path, *flags: str) -> Tuple[subprocess.Popen,
             raise RuntimeError(f"the server exited with code {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                RUNNING[port] = proc
+                RUNNING[port], LOGS[port] = proc, log
                 return proc, port
         except httpx.HTTPError:
             pass
@@ -677,14 +678,17 @@ def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path)
     assert "--attn fi needs a CUDA device" in out and "Traceback" not in out, out[-2000:]  # 一行原因，没有 traceback
 
 def test_sigterm_leaves_no_orphans(smol_server) -> None:
-    """SIGTERM 给主进程：所有工作进程都跟着退出（这个模块里最后一个用 smol_server 的测试）。"""
+    """SIGTERM 给主进程：所有工作进程都跟着退出，resource tracker 也没有报告泄漏的信号量（这个模块里最后一个用
+    smol_server 的测试）。"""
     proc = RUNNING[smol_server[0]]
-    workers = psutil.Process(proc.pid).children(recursive=True)
+    workers = psutil.Process(proc.pid).children(recursive=True)  # 也包括 resource tracker：等它说完再读日志
     assert len([w for w in workers if "--multiprocessing-fork" in w.cmdline()]) == 4  # 调度器、detokenizer、2 个 tokenizer
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, [w.cmdline() for w in alive]
+    log = LOGS[smol_server[0]].read_text()
+    assert "leaked" not in log and "Traceback" not in log, log[-2000:]
 
 def test_worker_death_gives_503(server) -> None:
     """服务中杀掉调度器：请求回 503（不挂起），主进程以 1 退出，其余工作进程也退出（最后一个用 server 的测试）。"""

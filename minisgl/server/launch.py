@@ -10,12 +10,14 @@ import queue
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import replace
 from typing import Any, Callable, Dict, List
 
 import psutil
 import torch
+from tqdm import tqdm
 
 from minisgl.core import Batch
 from minisgl.distributed import DistributedInfo
@@ -83,6 +85,7 @@ def _num_threads(args: ServerArgs) -> int | None:
 
 def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
     watch_parent()  # 启动器被 kill -9 时跟着退出（第 12 章）
+    tqdm.set_lock(threading.RLock())  # 加载权重的进度条不建跨进程的锁：见下面的说明
     args = replace(args, num_threads=_num_threads(args))  # 引擎按它设 torch 的线程数
     with torch.inference_mode():
         try:
