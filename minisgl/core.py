@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # 结构化输出的三种约束（附录）
 
 
-@dataclass
+@dataclass(frozen=True)  # 检查只在构造时做一次：之后不能改（要改用 dataclasses.replace，它会再检查一遍）
 class SamplingParams:
     """一个请求怎样采样、最多生成多少、要不要 logprobs；字段名与 upstream、OpenAI 接口和 SGLang 一致。"""
 
@@ -82,7 +82,8 @@ class SamplingParams:
             raise ValueError(f"{given[1]}={getattr(self, given[1])!r:.200} cannot be combined with "
                              f"{given[0]}: give at most one of {', '.join(GRAMMAR_FIELDS)}")
         # logit_bias 只解析一次：采样器每一步都要用
-        self._bias = ([int(k) for k in self.logit_bias], [float(v) for v in self.logit_bias.values()])
+        object.__setattr__(self, "_bias", ([int(k) for k in self.logit_bias],  # frozen：不能用 self._bias =
+                                           [float(v) for v in self.logit_bias.values()]))
 
     @property
     def is_greedy(self) -> bool:

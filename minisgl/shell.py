@@ -11,8 +11,8 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.server.api_server import FrontendManager
 
-SHELL_SAMPLING = SamplingParams(temperature=0.6, max_tokens=512)  # upstream 的 shell 也用温度 0.6
-HELP = "输入消息回车发送；回答时 Ctrl-C 停下这个回答；/reset 清空对话，/exit 退出（Ctrl-D 也行）"
+SHELL_SAMPLING = SamplingParams(temperature=0.6)  # upstream 的 shell 也用温度 0.6；回答到结束符，最多到上下文满
+HELP = "输入消息回车发送；回答时 Ctrl-C 停下这个回答；/reset 清空对话，/exit 退出（Ctrl-D 也行），/help 显示这一行"
 
 async def run_shell(state: FrontendManager, sampling: SamplingParams = SHELL_SAMPLING) -> None:
     """一问一答：整段对话历史每轮都发给模型（套对话模板），回答流式地写到终端。"""
@@ -33,26 +33,34 @@ async def run_shell(state: FrontendManager, sampling: SamplingParams = SHELL_SAM
             history.clear()
             sys.stdout.write("(history cleared)\n")
             continue
+        if line.startswith("/"):  # /help 和打错的命令：不当成消息发给模型
+            sys.stdout.write(HELP + "\n" if line == "/help" else f"unknown command {line}; {HELP}\n")
+            continue
         if not line:
             continue
         history.append({"role": "user", "content": line})
         answer = await stream_answer(state, history, sampling)
-        if answer is None:  # 被 Ctrl-C 停下：这一问不进历史
+        if answer is None:  # 被 Ctrl-C 停下，或者被拒绝（对话长过了上下文）：这一问不进历史
             history.pop()
             continue
         history.append({"role": "assistant", "content": answer})
 
 async def stream_answer(state: FrontendManager, history: List[Dict[str, str]], sampling: SamplingParams) -> str | None:
-    """把回答边生成边写到终端，返回它；写到一半按了 Ctrl-C：中止这个请求（槽和页回到调度器），返回 None。
+    """把回答边生成边写到终端，返回它；写到一半按了 Ctrl-C：中止这个请求（槽和页回到调度器），返回 None；
+    请求被拒绝（对话历史长过了上下文）：说出原因，返回 None。
 
     输入时终端归 prompt_toolkit 管，Ctrl-C 只是一个按键；回答时它是发给整个进程组的 SIGINT：这段时间里由事件循环
     接住，只取消写回答的任务（工作进程不理会它，见 launch.py 的 _ignoring_sigint）。"""
     uid = state.new_users()[0]
     await state.send_one(TokenizeMsg(uid=uid, text=list(history), sampling_params=sampling))
 
-    async def write() -> str:
+    async def write() -> str | None:
         answer = ""
         async for ack in state.wait_for_ack(uid):
+            if ack.finished and ack.finish_reason in ("abort", "error") and not ack.completion_tokens:
+                why = ack.error or ("a worker has exited" if ack.finish_reason == "error" else "the scheduler refused it")
+                sys.stdout.write(f"(refused: {why}; /reset clears the history)")
+                return None
             answer += ack.incremental_output
             sys.stdout.write(ack.incremental_output)
             sys.stdout.flush()
@@ -70,7 +78,7 @@ async def stream_answer(state: FrontendManager, history: List[Dict[str, str]], s
         answer = None
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-    sys.stdout.write("\n" if answer is not None else "\n(stopped)\n")
+    sys.stdout.write("\n(stopped)\n" if stopped else "\n")
     return answer
 
 if __name__ == "__main__":

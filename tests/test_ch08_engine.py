@@ -1,5 +1,6 @@
 # Tangled from book/chapters/ch08_engine.ipynb — edit the notebook, not this file.
 """第 8 章：Engine 的贪心输出等于 transformers；CPU 上的 oneDNN 矩阵乘；采样的截断、抽样、seed、惩罚、logit_bias、logprobs 和掩码。"""
+import dataclasses
 import gc
 import random
 import weakref
@@ -362,6 +363,15 @@ def test_sampling_params_errors_name_the_field() -> None:
         SamplingParams(top_logprobs=3)
     ok = SamplingParams(logit_bias={"5": -100, "12": 2.5}, logprobs=True, top_logprobs=20)
     assert ok.logit_bias_ids == ([5, 12], [-100.0, 2.5]) and ok.max_tokens is None
+    for name, value in (("temperature", float("inf")), ("top_p", float("nan"))):  # JSON 也写得出 Infinity、NaN
+        with pytest.raises(ValueError, match=f"^{name}="):
+            SamplingParams(**{name: value})
+    with pytest.raises(dataclasses.FrozenInstanceError):  # 构造之后不能改：改了就绕过了上面的检查
+        ok.temperature = -5.0  # type: ignore[misc]
+    changed = dataclasses.replace(ok, logit_bias={"7": 1.0})  # 要改就 replace：检查、解析再做一遍
+    assert changed.logit_bias_ids == ([7], [1.0])
+    with pytest.raises(ValueError, match="^temperature=-5.0 "):
+        dataclasses.replace(ok, temperature=-5.0)
 
 
 def test_config_errors_name_the_flag(tiny_qwen3) -> None:

@@ -790,7 +790,7 @@ def test_shell_in_a_terminal(tiny_qwen3: Path) -> None:
     pexpect = pytest.importorskip("pexpect")
     env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="dumb")
     sh = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(tiny_qwen3), "--shell",
-                                        "--max-seq-len-override", "1024"],  # 随机的小模型停不下来：每轮 512 个 token
+                                        "--max-seq-len-override", "1024"],  # 随机的小模型停不下来：写到上下文满
                        env=env, timeout=240, encoding="utf-8")
     try:
         sh.expect("/reset")  # 开头的帮助行
@@ -804,6 +804,16 @@ def test_shell_in_a_terminal(tiny_qwen3: Path) -> None:
         sh.sendline("hello again")
         sh.sendline("/reset")  # 回答完才会读到它
         sh.expect(r"\(history cleared\)", timeout=120)
+        sh.sendline("word " * 1100)  # 比上下文（1024）还长：被拒绝，说出原因，不进历史
+        sh.expect(r"\(refused: .*1024.*/reset clears the history\)", timeout=60)
+        sh.expect("> ")
+        sh.sendline("/help")  # 命令不发给模型
+        sh.expect("/help 显示这一行")
+        sh.sendline("hi")  # 被拒绝的那一问没有留在历史里：这一问照常回答
+        sh.expect("hi")
+        sh.expect(r"\S")
+        sh.sendintr()
+        sh.expect(r"\(stopped\)", timeout=60)
         sh.sendline("/exit")
         sh.expect(pexpect.EOF, timeout=30)
     finally:

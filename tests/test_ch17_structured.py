@@ -478,6 +478,8 @@ def test_bad_spec_aborts_only_its_request(tiny_qwen3) -> None:
         outs = llm.generate(["x", "y"], [bad, good], use_tqdm=False)
         assert (outs[0]["finish_reason"], outs[0]["token_ids"]) == ("abort", [])
         assert re.fullmatch("[a-c]+", outs[1]["text"]) and outs[1]["finish_reason"] == "length"
+        alone = llm.generate("x", bad, use_tqdm=False)  # 一批里只有它：被拒绝的这一步，调度器也没有别的事可做
+        assert (alone[0]["finish_reason"], alone[0]["token_ids"]) == ("abort", [])
         assert not llm.grammars and llm.table.num_free == llm.config.max_running_req
         llm.cache.check_integrity()
     finally:

@@ -89,8 +89,10 @@ class LLM(Scheduler):
             try:
                 while any(u not in self._done for u in uids) and not interrupted[0]:
                     before = len(self._done)
-                    if not self.run_step():
-                        raise RuntimeError("the scheduler stopped with requests unfinished")  # 不应发生：防止死循环
+                    # 没有事可做了还有请求没结束：不应发生（防止死循环）。先再看一眼：这一步里刚被拒绝的请求（附录：
+                    # 语法编译失败）已经结束了，这一步却返回"没事可做"
+                    if not self.run_step() and any(u not in self._done for u in uids):
+                        raise RuntimeError("the scheduler stopped with requests unfinished")
                     bar.update(len(self._done) - before)
                 if interrupted[0]:  # 还没结束的都中止（已经结束的什么也不做）：槽和页在下面的几步里回来
                     for uid in uids:
