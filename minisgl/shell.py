@@ -55,15 +55,17 @@ async def stream_answer(state: FrontendManager, history: List[Dict[str, str]], s
     await state.send_one(TokenizeMsg(uid=uid, text=list(history), sampling_params=sampling))
 
     async def write() -> str | None:
-        answer = ""
+        answer, refused = "", None
         async for ack in state.wait_for_ack(uid):
             if ack.finished and ack.finish_reason in ("abort", "error") and not ack.completion_tokens:
-                why = ack.error or ("a worker has exited" if ack.finish_reason == "error" else "the scheduler refused it")
-                sys.stdout.write(f"(refused: {why}; /reset clears the history)")
-                return None
+                refused = ack.error or ("a worker has exited" if ack.finish_reason == "error" else "the scheduler refused it")
+                continue  # 这是最后一条回复：循环自己结束，uid 的登记随之清掉
             answer += ack.incremental_output
             sys.stdout.write(ack.incremental_output)
             sys.stdout.flush()
+        if refused is not None:
+            sys.stdout.write(f"(refused: {refused}; /reset clears the history)")
+            return None
         return answer
 
     task, stopped = asyncio.ensure_future(write()), []
