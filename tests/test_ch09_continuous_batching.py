@@ -194,7 +194,16 @@ def test_llm_api(tiny_qwen3) -> None:
         with pytest.raises(ValueError, match="outside the vocabulary|is empty"):
             llm.generate(bad)
         assert not llm.prefill.pending and not llm.running
-    llm.shutdown()
+    for wrong in (5, torch.tensor([1, 2]), [[1.5, 2.0]], [[1, 2], [True]], (p for p in ["a"])):  # 类型不对：TypeError
+        with pytest.raises(TypeError, match="prompt"):
+            llm.generate(wrong)
+    with pytest.raises(TypeError, match="sampling_params must be SamplingParams"):
+        llm.generate([[1, 2]], {"max_tokens": 2})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stop_token_ids has token ids outside"):
+        llm.generate([[1, 2]], SamplingParams(stop_token_ids=[V]))
+    assert not llm.prefill.pending and not llm.running
+    with llm as same:  # 上下文管理器：离开时 shutdown
+        assert same is llm and llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False)
 
 
 def test_ctrl_c_lands_between_steps(tiny_qwen3) -> None:

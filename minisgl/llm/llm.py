@@ -50,6 +50,12 @@ class LLM(Scheduler):
         self._top: Dict[int, List[List[Tuple[int, float]]]] = {}
         self._next_uid = 0
 
+    def __enter__(self) -> "LLM":  # with LLM(...) as llm: 离开时 shutdown
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
     def send_result(self, replies: List[DetokenizeMsg]) -> None:
         for r in replies:
             if r.next_token >= 0:
@@ -72,12 +78,17 @@ class LLM(Scheduler):
         cached_tokens 是提示词里命中前缀缓存、没有重新 prefill 的 token 数。要了 logprobs 的请求还有 "logprobs"
         （每个 token 的对数概率），top_logprobs > 0 时还有 "top_logprobs"（每个 token 一个 [(id, logprob), ...]）。
         """
+        if not isinstance(prompts, (str, list, tuple)):  # 张量、数组、生成器：先 .tolist() / list(...)
+            raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; "
+                            f"got {type(prompts).__name__}")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling_params if isinstance(sampling_params, (list, tuple)) else \
             [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
+        if not all(isinstance(sp, SamplingParams) for sp in params):
+            raise TypeError("sampling_params must be SamplingParams (one, or one per prompt)")
         encoded = [self._prompt_ids(p, sp) for p, sp in zip(prompts, params)]  # 先全部检查：有一个不合格，就一个也不交
         uids = list(range(self._next_uid, self._next_uid + len(encoded)))
         self._next_uid += len(encoded)
@@ -130,6 +141,9 @@ class LLM(Scheduler):
 
     def _prompt_ids(self, prompt: Prompt, sp: SamplingParams) -> List[int]:
         """用户能改的东西在接口处检查，抛 ValueError 并说该调哪个参数，而不是让引擎在半路出错。"""
+        if not (isinstance(prompt, str) or (isinstance(prompt, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt))):
+            raise TypeError(f"a prompt must be a string or a list of token ids (ints); got {prompt!r:.60}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("a prompt is empty: give at least one token")
@@ -142,4 +156,6 @@ class LLM(Scheduler):
         bias_ids, _ = sp.logit_bias_ids
         if bias_ids and max(bias_ids) >= V:  # 键是十进制数字串，不会是负数
             raise ValueError(f"logit_bias has token ids outside the vocabulary 0..{V - 1}")
+        if sp.stop_token_ids and max(sp.stop_token_ids) >= V:
+            raise ValueError(f"stop_token_ids has token ids outside the vocabulary 0..{V - 1}")
         return ids
