@@ -255,22 +255,28 @@ def _lone_surrogate(value: Any, path: str = "") -> str | None:
     return None
 
 class _Strict(BaseModel):
-    """请求体的基类：不认识的字段回 400（见 app 的错误处理）；值为 null 的字段和没给一样（OpenAI 的约定）；
-    带落单代理的文字回 400。"""
+    """请求体（和其中的消息、格式）的基类：不认识的字段回 400（见 app 的错误处理）；值为 null 的字段和没给一样
+    （OpenAI 的约定）。"""
 
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
-    def _raw_body(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        where = _lone_surrogate(data)
+    def _drop_nulls(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+class _Body(_Strict):
+    """一个接口的整个请求体：带落单代理的文字回 400。整个请求体在这里查一遍，嵌套的消息、格式不再各查一遍。"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        where = _lone_surrogate(data) if isinstance(data, dict) else None
         if where is not None:  # 不拦在这里，就要到发给分词进程、按 UTF-8 编码时才出错：那时已是一个 500
             where = where.encode("utf-8", "backslashreplace").decode()  # 键里的代理也能写进错误消息
             raise ValueError(f"{where} is not valid Unicode text: it has a lone UTF-16 surrogate "
                              f"(a \\ud800-\\udfff escape without its pair)")
-        return {k: v for k, v in data.items() if v is not None}
+        return data
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
@@ -302,7 +308,7 @@ class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None  # type 是 json_schema 时必须给
 
-class _OpenAIRequest(_Strict):
+class _OpenAIRequest(_Body):
     """OpenAI 的每个接口都有的字段：模型名，和 OpenAI 说忽略也不改变输出的几个。"""
 
     model: str = "default"  # 照收不误：一个服务只有一个模型，响应里写的是它的名字
@@ -704,7 +710,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     return _response(groups, shape)
 
 
-class GenerateRequest(_Strict):
+class GenerateRequest(_Body):
     prompt: str
     max_tokens: int = 16
     ignore_eos: bool = False

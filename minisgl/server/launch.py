@@ -45,10 +45,11 @@ class ServingScheduler(Scheduler):
         self._stats_queue = ZmqPushQueue(config.zmq_frontend_addr, create=False) if primary else None
         self._stats_sent: SchedulerStats | None = None
         self._stats_time = 0.0
-        self.push_stats()
+        self.push_stats(force=True)
 
-    def push_stats(self) -> None:
-        if self._stats_queue is None:
+    def push_stats(self, force: bool = False) -> None:
+        """离上次推过 STATS_INTERVAL 秒（或者 force）时推一次统计；内容没变就不推。"""
+        if self._stats_queue is None or not (force or time.monotonic() - self._stats_time > self.STATS_INTERVAL):
             return
         stats = self.stats()
         if stats != self._stats_sent:
@@ -57,13 +58,12 @@ class ServingScheduler(Scheduler):
 
     def run_step(self) -> bool:
         busy = super().run_step()
-        if not self.has_work or time.monotonic() - self._stats_time > self.STATS_INTERVAL:
-            self.push_stats()
+        self.push_stats(force=not self.has_work)  # 空下来时立刻推：/metrics 马上回到 0
         return busy
 
     def schedule_next_batch(self) -> Batch | None:
         batch = super().schedule_next_batch()
-        if batch is not None and time.monotonic() - self._stats_time > self.STATS_INTERVAL:
+        if batch is not None:
             self.push_stats()  # 开算之前也推：CPU 上几千个 token 的 prefill 一步就是十几秒
         return batch
 
