@@ -2,6 +2,7 @@
 """Edit chapter notebooks as text, safely (a jupytext round trip that keeps stored outputs).
 
     python tools/nb.py export ch03          book/chapters/ch03_*.ipynb -> .edit/ch03_*.md (MyST markdown)
+    python tools/nb.py export performance   a page outside the chapters: book/performance.ipynb -> .edit/performance.md
     python tools/nb.py import .edit/ch03_models.md
                                             .edit/….md -> book/chapters/….ipynb; cells whose source did not
                                             change keep their outputs, changed cells lose theirs (re-execute)
@@ -34,8 +35,9 @@ def export(chapter: str) -> Path:
     sys.path.insert(0, str(ROOT / "tools"))
     from steps import chapter_arg, chapter_path
 
+    page = ROOT / "book" / f"{Path(chapter).stem}.ipynb"  # a page outside the chapters (the 性能 page): by name
     try:
-        path = chapter_path(chapter_arg(chapter))
+        path = page if page.exists() else chapter_path(chapter_arg(chapter))
     except Exception as e:  # argparse.ArgumentTypeError 带着可读的说明
         raise SystemExit(f"nb.py export: {e}") from None
     nb = nbformat.read(path, as_version=4)
@@ -50,6 +52,8 @@ def to_notebook(md: Path) -> Path:
     md = Path(md)
     new = jupytext.read(md, fmt="md:myst")
     target = CHAPTERS / (md.stem + ".ipynb")
+    if not target.exists() and (ROOT / "book" / (md.stem + ".ipynb")).exists():
+        target = ROOT / "book" / (md.stem + ".ipynb")
     old = nbformat.read(target, as_version=4) if target.exists() else None
     old_outputs = {}
     old_ids = {}  # 没改的 markdown 单元格也保留 id
