@@ -26,6 +26,7 @@ import tempfile
 import time
 import json
 import unicodedata
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,9 +235,29 @@ def run_exercise(ex: Exercise, target: Path) -> Outcome:
         outcome.note = "没有收集到任何测试（test_exercise.py 里没有 test_ 函数？）"
     elif any(t.name == "<collection>" for t in tests) or (proc.returncode in (2, 3, 4) and not tests):
         err = next((t.reason for t in tests if t.name == "<collection>"), "") or _error_line(output)
-        outcome.note = f"收集失败（导入 {ex.module}.py 时出错？加 -v 看完整输出）：{err}"
+        outcome.note = _syntax_error(target) or f"收集失败（导入 {ex.module}.py 时出错？加 -v 看完整输出）：{err}"
         outcome.tests = [t for t in tests if t.name != "<collection>"]
     return outcome
+
+
+def _syntax_error(target: Path) -> str:
+    """被测文件本身有语法错误时，说出第几行、哪一行、错在哪一列（pytest 的一行摘要里没有行号）。"""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # 比如无效的转义序列：只是警告，不是这里要报的
+            compile(target.read_bytes(), str(target), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        msg = f"语法错误：{_rel(target)} 第 {exc.lineno} 行：{type(exc).__name__}: {exc.msg}"
+        line = (exc.text or "").splitlines()[0] if (exc.text or "").strip() else ""
+        if line:
+            indent = len(line) - len(line.lstrip())
+            msg += f"\n  {line.strip()}"
+            if exc.offset and exc.offset - 1 >= indent:
+                msg += "\n  " + " " * (exc.offset - 1 - indent) + "^"
+        return msg
+    except (ValueError, OSError):  # 空字节等：交给 pytest 的报告
+        return ""
+    return ""
 
 
 def _read_report(path: Path) -> List[TestResult]:
@@ -290,7 +311,7 @@ def print_table(outcomes: List[Outcome], verbose: bool = False) -> None:
         print()
         print(_color(f"✗ {o.exercise.name}", "31") + f"  （被测文件：{_rel(o.target)}）")
         if o.note:
-            print(f"  {o.note}")
+            print("  " + o.note.replace("\n", "\n  "))
         groups: Dict[str, List[str]] = {}
         for t in o.failures:  # 同一个原因的失败合成一行
             groups.setdefault(t.reason, []).append(t.name)

@@ -100,7 +100,7 @@ def test_names_sorted_and_contains():
     assert "torch" in reg
     assert "fi" in reg
     assert "radix" not in reg
-    assert 42 not in reg       # 非字符串也只是 False，不报错
+    assert 42 not in reg       # 可哈希的非字符串也只是 False，不报错
 
 
 def test_len():

@@ -50,6 +50,26 @@ def test_evict_least_recently_used_leaf_first():
     assert t.match([1, 1]) == [0, 1]
 
 
+def test_match_partway_splits_and_refreshes_only_the_front():
+    t = RadixTree()
+    t.insert([1, 2, 3, 4], [0, 1, 2, 3])
+    t.insert([5], [4])  # 比 [1, 2, 3, 4] 新
+    assert t.match([1, 2]) == [0, 1]
+    assert t.edges() == [[1, 2], [3, 4], [5]], \
+        f"match([1, 2]) 停在节点 [1, 2, 3, 4] 的中间，应把它切成 [1, 2] 和 [3, 4]；edges() 是 {t.edges()}"
+    assert t.evict(1) == [2, 3], \
+        "match([1, 2]) 只让切出来的前一段 [1, 2] 算刚用过；后一段 [3, 4] 的时刻不变（比 [5] 早），应先被淘汰"
+    assert t.evict(1) == [4]  # [1, 2] 成了叶子，但刚用过：[5] 先走
+
+
+def test_insert_refreshes_the_path_it_walks():
+    t = RadixTree()
+    t.insert([1, 2], [0, 1])
+    t.insert([5], [2])
+    assert t.insert([1, 2], [7, 8]) == 2  # 已经全在树里，什么都不加
+    assert t.evict(1) == [2], "insert([1, 2]) 走过了 [1, 2]：插入经过的节点也算刚用过，应先淘汰更久没用的 [5]"
+
+
 def test_parent_is_evicted_only_after_its_children():
     t = RadixTree()
     t.insert([1, 2, 3], [0, 1, 2])

@@ -1,3 +1,6 @@
+"""第 10 章练习：分块预填充（参考答案）。"""
+
+
 def plan_chunks(requests, budget, decodes):
     """每一步 {uid: 这一步算的 token 数}，直到所有提示词算完。"""
     if budget < 1:

@@ -1,3 +1,6 @@
+"""第 11 章练习：重叠调度的循环（参考答案）。"""
+
+
 def simulate(requests, aborts):
     """返回 (outputs, released)。"""
     outputs = {uid: [] for uid in requests}

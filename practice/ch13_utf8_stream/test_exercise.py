@@ -36,17 +36,37 @@ def expected_tail(data: bytes) -> int:
     return 0
 
 
+def _short(x, n: int = 48) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 1] + "…"
+
+
 def check(data: bytes, chunks: List[bytes]) -> List[str]:
-    """每送一段，已经输出的文字 == 已收到的字节去掉没写完的结尾后一次性解码的结果。"""
+    """每送一段，已经输出的文字 == 已收到的字节去掉没写完的结尾后一次性解码的结果。
+    不对时第一句就说出是哪条要求没做到（多发、多扣、内容不对、finish 不对），后面是输入。"""
     assert b"".join(chunks) == data
     s, seen, pieces = Utf8Stream(), b"", []
-    for c in chunks:
-        pieces.append(s.feed(c))
+    for i, c in enumerate(chunks):
+        out = s.feed(c)
+        assert isinstance(out, str), f"feed() 应返回 str，得到 {type(out).__name__}"
+        pieces.append(out)
         seen += c
-        done = seen[: len(seen) - expected_tail(seen)]
-        assert "".join(pieces) == done.decode("utf-8", errors="replace"), (data, chunks, c)
+        tail = expected_tail(seen)
+        got, want = "".join(pieces), seen[: len(seen) - tail].decode("utf-8", errors="replace")
+        if got != want:
+            if want.startswith(got):
+                what = f"扣多了：还少输出 {_short(want[len(got):])}"
+            elif got.startswith(want):
+                what = f"发多了：多输出了 {_short(got[len(want):])}（结尾没写完的 {tail} 个字节要扣着）"
+            else:
+                what = "输出的内容不对"
+            pytest.fail(f"送完第 {i + 1}/{len(chunks)} 段（{_short(c)}）后{what}；到这里一共输出 {_short(got)}，"
+                        f"应为 {_short(want)}；全部字节 {_short(data, 80)}，切成 {_short(chunks, 120)}", pytrace=False)
     pieces.append(s.finish())
-    assert "".join(pieces) == data.decode("utf-8", errors="replace")
+    whole = data.decode("utf-8", errors="replace")
+    assert "".join(pieces) == whole, (f"finish() 之后，所有输出拼起来应等于 全部字节.decode('utf-8', errors='replace') = "
+                                      f"{_short(whole)}，得到 {_short(''.join(pieces))}（finish 返回 {_short(pieces[-1])}）；"
+                                      f"全部字节 {_short(data, 80)}")
     return pieces
 
 
@@ -75,8 +95,10 @@ def test_byte_by_byte_never_emits_half_a_character():
 def test_random_splits_of_valid_text():
     data = TEXT.encode()
     for seed in range(200):
-        pieces = check(data, split(data, random.Random(seed)))
-        assert not any("\ufffd" in p for p in pieces)
+        chunks = split(data, random.Random(seed))
+        pieces = check(data, chunks)
+        assert not any("\ufffd" in p for p in pieces), \
+            f"输入是合法的 UTF-8，输出里却有 �：输出 {_short(pieces, 100)}；切成 {_short(chunks, 100)}"
 
 
 def test_random_bytes_match_the_reference():

@@ -27,7 +27,7 @@ async function init(wheels) {
   }
   progress(total - 1, total, "准备 pytest");
   py.runPython(`
-import importlib, io, json, linecache, os, shutil, sys, contextlib, xml.etree.ElementTree as ET
+import importlib, io, json, linecache, os, shutil, sys, contextlib, warnings, xml.etree.ElementTree as ET
 sys.dont_write_bytecode = True
 os.makedirs("/ex", exist_ok=True)
 
@@ -71,6 +71,16 @@ def run_tests(module, code, tests):
                     reason = (msg or (lines[-1] if lines else "")).splitlines()[0][:300] if (msg or lines) else ""
                     break
             cases.append({"name": name, "outcome": outcome, "reason": reason})
+    for case in cases:  # 语法错误：pytest 的摘要里没有行号，自己编译一次说出第几行
+        if case["name"] == "<收集失败>":
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    compile(code, f"{module}.py", "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                case["reason"] = f"第 {exc.lineno} 行：{type(exc).__name__}: {exc.msg}"
+            except Exception:
+                pass
     return json.dumps({"rc": int(rc), "output": out.getvalue(), "cases": cases})
 `);
   runTests = py.globals.get("run_tests");
