@@ -57,7 +57,7 @@ class SamplingParams:
             "min_p": (num(self.min_p, 0, 1), "must be in [0, 1]"),
             "max_tokens": (self.max_tokens is None or integer(self.max_tokens, 1),
                            "must be >= 1, or None (until EOS or the context is full)"),
-            "seed": (self.seed is None or integer(self.seed, 0), "must be an integer in [0, 2**63)"),
+            "seed": (self.seed is None or integer(self.seed, -2**63), "must be an integer in [-2**63, 2**63)"),
             "stop_token_ids": (isinstance(self.stop_token_ids, (list, tuple)) and all(
                 integer(t, 0) for t in self.stop_token_ids), "must be a list of token ids >= 0"),
             "presence_penalty": (num(self.presence_penalty, -2, 2), "must be in [-2, 2]"),

@@ -351,7 +351,7 @@ def test_vocab_mask_allows_only_set_bits() -> None:
 
 
 def test_sampling_params_errors_name_the_field() -> None:
-    bad = dict(temperature=-1.0, top_k=0, top_p=0.0, min_p=1.5, max_tokens=0, seed=-1, stop_token_ids=[-3],
+    bad = dict(temperature=-1.0, top_k=0, top_p=0.0, min_p=1.5, max_tokens=0, seed=2**63, stop_token_ids=[-3],
                presence_penalty=2.5, frequency_penalty=-3.0, repetition_penalty=0.0, logit_bias={"x": 1.0},
                top_logprobs=21)
     for name, value in bad.items():

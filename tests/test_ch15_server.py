@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -266,7 +267,7 @@ BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误�
      "max_completion_tokens"),  # 错误里是客户端用的字段名
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10**6},
      "max_completion_tokens"),  # 分词进程发现放不下：同样换成客户端的字段名
-    ("/v1/completions", {"prompt": "hi", "seed": -3}, "seed"),
+    ("/v1/completions", {"prompt": "hi", "seed": -2**63 - 1}, "seed"),  # OpenAI 的 seed 是 int64
     ("/v1/completions", {"prompt": ""}, "prompt"),
     ("/v1/completions", {"prompt": ["a", ""]}, "prompt"),
     ("/v1/completions", {"prompt": [["a"]]}, "prompt"),
@@ -502,7 +503,9 @@ def test_nothing_is_silently_dropped(server) -> None:
     special = [({"response_format": {"type": "json_object"}}, "response_format"), ({"modalities": ["audio"]}, "modalities"),
                ({"stream_options": {"include_usage": True}}, "stream_options"), ({"top_logprobs": 2}, "top_logprobs"),
                ({"max_tokens": 10**6}, "max_tokens"), ({"logit_bias": {"99999999": 1}}, "logit_bias"),
-               ({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}, "messages")]
+               ({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}, "messages"),
+               ({"max_tokens": "3"}, "max_tokens"), ({"stream": "true"}, "stream"), ({"n": True}, "n"),
+               ({"logprobs": 1}, "logprobs"), ({"seed": 2**63}, "seed")]  # 类型不对不替客户端转换；seed 是 int64
     for extra, param in special:
         r = httpx.post(f"{url}/chat/completions", json={"messages": chat, **extra}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
@@ -517,6 +520,12 @@ def test_nothing_is_silently_dropped(server) -> None:
           "max_tokens": 2, "messages": chat + [{"role": "assistant", "content": "x", "tool_calls": None}, chat[0]],
           "no_stop_trim": False, "skip_special_tokens": True, "separate_reasoning": True}  # sglang-router 带的默认值
     assert httpx.post(f"{url}/chat/completions", json=ok, timeout=30).status_code == 200
+    body = {"messages": chat, "max_tokens": 3, "stream": True, "seed": -7,  # 负的 seed 也是 OpenAI 的 int64
+            "stream_options": {"include_usage": True, "include_obfuscation": False}}
+    lines = httpx.post(f"{url}/chat/completions", json=body, timeout=30).text.split("\n\n")
+    frames = [json.loads(x[len("data: "):]) for x in lines if x.startswith("data: {")]
+    assert lines[-2] == "data: [DONE]" and frames[-1]["choices"] == [] and frames[-1]["usage"]["completion_tokens"] == 3
+    assert all("usage" in f and f["usage"] is None for f in frames[:-1])  # 其余片段带着 "usage": null
     r = httpx.post(f"{url}/completions", json={"prompt": "hi", "no_stop_trim": True}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "no_stop_trim"
 

@@ -766,6 +766,8 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
             "response_format.json_schema.schema: Field required"),
            ({"response_format": {"type": "xml"}}, "response_format", "response_format.type"),
+           ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b!", "schema": {"type": "object"}}}},
+            "response_format", "response_format.json_schema.name: String should match pattern"),
            ({"response_format": schema_format({"type": "array", "uniqueItems": True})}, "response_format",
             "': uniqueItems at # is not supported: the output could repeat items"),
            ({"response_format": schema_format({"oneOf": [{"type": "integer"}, {"type": "number"}]})}, "response_format",

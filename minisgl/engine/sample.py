@@ -322,7 +322,7 @@ class Sampler:
     def _seed(self, req: Req) -> int:
         seed = req.sampling_params.seed
         if seed is not None:
-            return seed
+            return seed % 2**64  # int64 → uint64（负数按补码）；非负的 seed 不变
         return ((self.random_seed * 0x9E3779B97F4A7C15) ^ (req.uid * 0xBF58476D1CE4E5B9)) & (2**62 - 1)
 
     # ------------------------------------------------------------------ sample 的各部分（设备上）

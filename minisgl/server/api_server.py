@@ -255,10 +255,10 @@ def _lone_surrogate(value: Any, path: str = "") -> str | None:
     return None
 
 class _Strict(BaseModel):
-    """请求体（和其中的消息、格式）的基类：不认识的字段回 400（见 app 的错误处理）；值为 null 的字段和没给一样
-    （OpenAI 的约定）。"""
+    """请求体（和其中的消息、格式）的基类：不认识的字段、类型不对的值回 400（见 app 的错误处理）；值为 null 的字段
+    和没给一样（OpenAI 的约定）。"""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict："3"、"true" 不替客户端转成 3、True
 
     @model_validator(mode="before")
     @classmethod
@@ -295,11 +295,12 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool = False  # OpenAI 给片段加的随机填充（防旁路）：我们不加，true、false 的输出都一样
 
 class JsonSchemaFormat(_Strict):
     """response_format 里的 json_schema（OpenAI 的形状）。"""
 
-    name: str
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI 的规矩：字母、数字、_ 和 -，至多 64 个
     schema_: Dict[str, Any] = Field(alias="schema")  # BaseModel 自己有个 schema 方法：换个名字，按原名收
     description: str | None = None
     strict: bool | None = None  # 给不给、给什么，我们都严格按 schema 生成
@@ -501,6 +502,8 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
     """SSE 片段：每个回答各自的增量（带着自己的 index），各自一个 finish 片段；最后是 usage（要了的话）和 [DONE]。"""
     async def gen() -> AsyncIterator[bytes]:
         head = {**shape.head, "object": "chat.completion.chunk" if shape.chat else "text_completion"}
+        if include_usage:  # OpenAI 的约定：要了 usage 时，其余每个片段也带着 usage 键，值为 null
+            head["usage"] = None
         finals: List[UserReply | None] = [None] * len(uids)
         offsets = [len(t) for t in shape.echo] if shape.echo else [0] * len(uids)
 
@@ -690,7 +693,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     options = (req.chat_template_kwargs or {}) if isinstance(req, ChatCompletionRequest) else {}
     for k, uid in enumerate(uids):
         p, j = divmod(k, n)
-        sp_j = sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j) % 2**63)
+        sp_j = sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j + 2**63) % 2**64 - 2**63)
         await state.send_one(TokenizeMsg(uid=uid, text=prompts[p], sampling_params=sp_j, chat_options=options,
                                          stop=stops))
     await state.until_disconnected(state.first_replies(uids, param="messages" if chat else "prompt",
