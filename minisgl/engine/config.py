@@ -12,7 +12,8 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """一个 TP rank 上的引擎需要知道的一切。字段名与 upstream 相同，flag 是第 15 章命令行里的名字。"""
+    """一个 TP rank 上的引擎需要知道的一切。两边都有的字段名与 upstream 相同（upstream 的 `num_page_override`
+    这里叫 `num_pages`），flag 是第 15 章命令行里的名字。"""
 
     model_path: str | Path
     tp_info: DistributedInfo = field(default_factory=lambda: DistributedInfo(0, 1))
