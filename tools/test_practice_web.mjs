@@ -191,7 +191,7 @@ try {
   let rows = await listState();
   check(rows.length === names.length && rows.every((r) => r.state === "none"), `列表列出 ${rows.length} 道题，都是"还没做"`);
   const chapterHeads = await page.$$eval("#listview h3", (hs) => hs.map((h) => h.textContent));
-  check(chapterHeads.length > 0 && chapterHeads.every((h) => /^第 \d+ 章/.test(h)), `列表按章分组：${chapterHeads.map((h) => h.split(" 回到本章")[0]).join(" | ")}`);
+  check(chapterHeads.length > 0 && chapterHeads.every((h) => /^(第 \d+ 章|附录)/.test(h)), `列表按章分组：${chapterHeads.map((h) => h.split(" 回到本章")[0]).join(" | ")}`);
   const bookHref = await page.$eval("#book", (a) => a.href);
   check(await httpOk(bookHref), `"回到本书"能打开：${bookHref.replace(origin, "")}`);
   if (shots) { fs.mkdirSync(shots, { recursive: true }); await page.screenshot({ path: path.join(shots, "list-empty.png"), fullPage: true }); }
