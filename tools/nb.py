@@ -72,6 +72,8 @@ def to_notebook(md: Path) -> Path:
             tags = c.metadata.get("tags")
             if tags:
                 cell.metadata["tags"] = list(tags)
+            if c.metadata.get("mystnb"):  # 图的标题、替代文字（myst-nb 的单元格选项）
+                cell.metadata["mystnb"] = dict(c.metadata["mystnb"])
         elif c.cell_type == "markdown":
             cell = nbformat.v4.new_markdown_cell(c.source)
             if old_ids.get(("markdown", c.source)):
