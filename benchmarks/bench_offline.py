@@ -65,8 +65,7 @@ def workload(n: int, lo: int, hi: int, vocab: int) -> Tuple[List[List[int]], Lis
 
 def random_checkpoint(config: Path) -> Path:
     """A temp folder with config.json, random N(0, 0.02) bf16 weights and a tokenizer (Qwen3's, if installed)."""
-    sys.path.insert(0, str(BENCH))
-    from bench_decode import random_checkpoint as make
+    from bench_decode import random_checkpoint as make  # a sibling: this folder is on sys.path for any importer
 
     folder = Path(tempfile.mkdtemp(prefix="minisgl-offline-"))
     make(config, folder)
@@ -196,7 +195,6 @@ def profile_run(fn: Callable[[], int], device: str) -> None:
 
     from torch.profiler import ProfilerActivity, profile
 
-    sys.path.insert(0, str(BENCH))
     from profile_forward import kind_of  # one classification of kernels for both profiles
 
     # one profiling cycle here: torch's reminder that it clears the events of earlier cycles does not apply

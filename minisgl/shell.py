@@ -9,7 +9,7 @@ from typing import Dict, List
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
-from minisgl.server.api_server import FrontendManager
+from minisgl.server.api_server import APIError, FrontendManager
 
 SHELL_SAMPLING = SamplingParams(temperature=0.6)  # upstream 的 shell 也用温度 0.6；回答到结束符，最多到上下文满
 HELP = "输入消息回车发送；回答时 Ctrl-C 停下这个回答；/reset 清空对话，/exit 退出（Ctrl-D 也行），/help 显示这一行"
@@ -55,17 +55,16 @@ async def stream_answer(state: FrontendManager, history: List[Dict[str, str]], s
     await state.send_one(TokenizeMsg(uid=uid, text=list(history), sampling_params=sampling))
 
     async def write() -> str | None:
-        answer, refused = "", None
+        try:  # 被拒绝了吗：和 HTTP 接口同一个判断、同样的原因（first_replies 拒绝时也清掉 uid 的登记）
+            await state.first_replies([uid], param="messages")
+        except APIError as e:
+            sys.stdout.write(f"(refused: {e.message}; /reset clears the history)")
+            return None
+        answer = ""
         async for ack in state.wait_for_ack(uid):
-            if ack.finished and ack.finish_reason in ("abort", "error") and not ack.completion_tokens:
-                refused = ack.error or ("a worker has exited" if ack.finish_reason == "error" else "the scheduler refused it")
-                continue  # 这是最后一条回复：循环自己结束，uid 的登记随之清掉
             answer += ack.incremental_output
             sys.stdout.write(ack.incremental_output)
             sys.stdout.flush()
-        if refused is not None:
-            sys.stdout.write(f"(refused: {refused}; /reset clears the history)")
-            return None
         return answer
 
     task, stopped = asyncio.ensure_future(write()), []

@@ -71,11 +71,12 @@ def check_rope(got, x, positions, inv_freq, hf_inv, ref, per_position):
         pytest.fail("旋转方向反了：应是 x1·cos − x2·sin 与 x2·cos + x1·sin", pytrace=False)
     bad = (diff > tol) | torch.isnan(got)
     t, n, d = (int(i) for i in bad.nonzero()[0])
+    same_shape = isinstance(inv_freq, torch.Tensor) and inv_freq.shape == hf_inv.shape
+    theta_rel = float(((inv_freq.double() - hf_inv.double()).abs() / hf_inv.double()).max()) if same_shape else 0.0
     hint = ""
-    if not isinstance(inv_freq, torch.Tensor) or inv_freq.shape != hf_inv.shape:
+    if not same_shape:
         hint = "；θ 的形状和 transformers 的不同：先让 inv_freq 的测试通过"
-    elif not float(((inv_freq.double() - hf_inv.double()).abs() / hf_inv.double()).max()) <= 1e-5:
-        theta_rel = float(((inv_freq.double() - hf_inv.double()).abs() / hf_inv.double()).max())
+    elif not theta_rel <= 1e-5:  # not <=：NaN 也算
         hint = f"；θ 和 transformers 的最多差 {theta_rel:.1e}（相对）：先让 inv_freq 的测试通过"
     elif near():
         hint = "；旋转对，差在舍入：角度要在 float32 里算（positions.float()[:, None] * inv_freq）"
