@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
 
+import httpx
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +27,7 @@ jsonschema = pytest.importorskip("jsonschema")
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from minisgl.message import UserMsg, decode, encode  # noqa: E402
+from minisgl.server.tools import ToolCallParser, forced_schema, template_writes_tool_calls  # noqa: E402
 from minisgl.structured import (JSON_OBJECT_SCHEMA, Grammar, GrammarBackend, allocate_vocab_mask,  # noqa: E402
                                 apply_vocab_mask, check_grammar, fill_vocab_mask, unpack_vocab_mask)
 from minisgl.utils.hf import load_tokenizer, qwen3_tokenizer_dir  # noqa: E402
@@ -798,6 +800,150 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
     text = log.read_text()
     assert "refused" not in text and "outside its grammar" not in text
     assert text.count("allows no next token") == 2
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time now"}}]
+PARAMETERS = {"get_weather": WEATHER, "get_time": {"type": "object", "properties": {}, "additionalProperties": False}}
+
+def cut(parser: ToolCallParser, pieces: List[str]) -> Tuple[str, List[Dict[str, Any]]]:
+    """一段一段喂给切分器，最后 finish：拼起来的内容和全部调用。"""
+    content, calls = "", []
+    for piece in pieces:
+        text, more = parser.feed(piece)
+        content, calls = content + text, calls + more
+    text, more = parser.finish()
+    return content + text, calls + more
+
+def test_tool_call_parser_any_split() -> None:
+    """内容、两个调用、一个不认识的函数（原样算内容）、一个没写完的调用：在每一个切分点切成两段喂、一个字符一个
+    字符地喂，和整段喂一次切出来的一字不差；强制时没写完的数组原样算内容。"""
+    weather = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+    text = (f"Let me check.\n\n<tool_call>\n{json.dumps(weather)}\n</tool_call>\n<tool_call>\n"
+            f'{{"name": "fly", "arguments": {{}}}}\n</tool_call>\n<tool_call>\n{{"name": "get_time"}}\n</tool_call>\n'
+            f"<tool_call>\n{{\"name\": \"get_ti")
+    want = ('Let me check.<tool_call>\n{"name": "fly", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_ti',
+            [{"index": 0, "id": "call_7_0", "name": "get_weather", "arguments": json.dumps(weather["arguments"])},
+             {"index": 1, "id": "call_7_1", "name": "get_time", "arguments": "{}"}])
+    names = {"get_weather", "get_time"}
+    assert cut(ToolCallParser(names, False, "call_7"), [text]) == want
+    assert cut(ToolCallParser(names, False, "call_7"), list(text)) == want
+    for k in range(len(text) + 1):
+        assert cut(ToolCallParser(names, False, "call_7"), [text[:k], text[k:]]) == want, k
+    plain = "a <tool> b < tool_call>\n"  # 像标记而不是标记：原样是内容，末尾的空白也在（没有调用）
+    assert cut(ToolCallParser(names, False, "c"), list(plain)) == (plain, [])
+    forced = json.dumps([weather, {"name": "get_time", "arguments": {}}])
+    assert cut(ToolCallParser(names, True, "call_7"), list(forced)) == ("", want[1])
+    assert cut(ToolCallParser(names, True, "c"), [forced[:20]]) == (forced[:20], [])
+
+@pytest.mark.parametrize("name, parallel", [(None, True), (None, False), ("get_weather", True)])
+def test_forced_tool_calls_are_valid(vocab: Vocab, name: str | None, parallel: bool) -> None:
+    """强制调用的 schema（required 任选、只调一个、指定 get_weather）在真实的分词器上、随机 logits 的"模型"下：
+    输出总能切成调用，名字是声明过的（指定时就是它），参数通过它自己 parameters 的校验。"""
+    schema = json.dumps(forced_schema(TOOLS, name, parallel))
+    for seed in range(6):
+        text = generate(vocab, vocab.backend.grammar("json_schema", schema), seed, bias=3.0)
+        content, calls = cut(ToolCallParser(set(PARAMETERS), True, "call_0"), [text])
+        assert content == "" and calls, text
+        assert len(calls) == 1 or (name is None and parallel), text
+        for call in calls:
+            assert name in (None, call["name"]), text
+            jsonschema.validate(json.loads(call["arguments"]), PARAMETERS[call["name"]])
+
+def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
+    """官方客户端发工具调用，服务是随机的小 Qwen3（真实的 Qwen3 对话模板）：
+    - auto：用 ebnf 让模型写出一段话和两个 <tool_call>，切出来的内容和调用流式、非流式一样，finish_reason 是 tool_calls；
+    - required（只调一个，n=2 采样）和指定函数（流式和非流式一样，finish_reason 是 stop）：调用的参数通过校验；
+    - none：工具不进提示词；多轮对话里的调用和结果按模板写进提示词，token 数和分词器自己套模板的一样；
+    - 坏请求都是 400、指明参数；最后所有请求槽和 KV 页都回来。"""
+    port, log = server
+    c = client(port)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    weather = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+    said = (f"Let me check.\n<tool_call>\n{json.dumps(weather)}\n</tool_call>\n<tool_call>\n"
+            f'{{"name": "get_time", "arguments": {{}}}}\n</tool_call>')
+    auto = dict(model="m", messages=ask, tools=TOOLS, max_tokens=300, temperature=0,
+                extra_body={"ebnf": f"root ::= {json.dumps(said)}"})
+    whole = c.chat.completions.create(**auto).choices[0]
+    calls = [(t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls]
+    assert calls == [("get_weather", weather["arguments"]), ("get_time", {})]
+    assert (whole.message.content, whole.finish_reason) == ("Let me check.", "tool_calls")
+    assert all(re.fullmatch(rf"call_\d+_{k}", t.id) and t.type == "function"
+               for k, t in enumerate(whole.message.tool_calls))
+    chunks = list(c.chat.completions.create(**auto, stream=True))
+    streamed = [t for ch in chunks for t in ch.choices[0].delta.tool_calls or []]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Let me check."
+    assert [(t.index, t.function.name, json.loads(t.function.arguments)) for t in streamed] == \
+        [(k, *call) for k, call in enumerate(calls)]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    r = c.chat.completions.create(model="m", messages=ask, tools=TOOLS, tool_choice="required",
+                                  parallel_tool_calls=False, n=2, temperature=1.0, seed=3, max_tokens=200)
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+    named = dict(model="m", messages=ask, tools=TOOLS, temperature=0, max_tokens=200,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = c.chat.completions.create(**named).choices[0]
+    assert whole.finish_reason == "stop" and [t.function.name for t in whole.message.tool_calls] == ["get_weather"]
+    jsonschema.validate(json.loads(whole.message.tool_calls[0].function.arguments), WEATHER)
+    chunks = list(c.chat.completions.create(**named, stream=True))
+    streamed = [t for ch in chunks for t in ch.choices[0].delta.tool_calls or []]
+    assert [(t.function.name, t.function.arguments) for t in streamed] == \
+        [(t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+    assert not any(ch.choices[0].delta.content for ch in chunks) and chunks[-1].choices[0].finish_reason == "stop"
+
+    def prompt_tokens(messages: List[Dict[str, Any]], **kwargs: Any) -> int:
+        return c.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0,
+                                         **kwargs).usage.prompt_tokens
+
+    tokenizer = load_tokenizer(tiny_qwen3)
+    assert prompt_tokens(ask, tools=TOOLS, tool_choice="none") == prompt_tokens(ask)
+    turn = ask + [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps(weather["arguments"])}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    rendered = ask + [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+                                                                           "function": weather}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    want = len(tokenizer.apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"])
+    assert prompt_tokens(turn, tools=TOOLS) == want > prompt_tokens(ask, tools=TOOLS) > prompt_tokens(ask)
+
+    unique = {"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}}}
+    bad_args = {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": "{oops"}}
+    bad = [({"tool_choice": "required"}, "tool_choice", "tool_choice needs a non-empty tools list"),
+           ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice",
+            "'fly', which is not in tools"),
+           ({"tools": TOOLS + TOOLS[:1]}, "tools", "two tools have the same function name"),
+           ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+            "tool_choice cannot be combined with response_format"),
+           ({"tools": [unique], "tool_choice": "required"}, "tool_choice", "uniqueItems at #/items/properties/"
+                                                                          "arguments is not supported"),
+           ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "String should match pattern"),
+           ({"tools": TOOLS, "messages": [], "prompt": "x"}, "tools", "tools need 'messages'"),
+           ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "messages.0: a tool message needs tool_call_id"),
+           ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages", "only tool messages"),
+           ({"messages": [{"role": "user"}]}, "messages", "messages.0: a user message needs content"),
+           ({"messages": [{"role": "user", "content": "x", "tool_calls": [bad_args]}]}, "messages",
+            "only assistant messages have tool_calls"),
+           ({"messages": [{"role": "assistant", "tool_calls": [bad_args]}]}, "messages",
+            "the arguments of the call to 'get_time' must be a JSON object")]
+    for body, param, message in bad:
+        body = {"model": "m", "messages": ask, "max_tokens": 8, **body}
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == param and message in error["message"], error
+    assert template_writes_tool_calls(str(tiny_qwen3)) and not template_writes_tool_calls(str(smollm2))
+    t0 = time.monotonic()
+    while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
+        assert time.monotonic() - t0 < 5, m
+        time.sleep(0.05)
+    assert "Traceback" not in log.read_text()
 
 
 @pytest.mark.gpu

@@ -26,6 +26,7 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs, model_limits
+from .tools import ToolCallParser, ToolCalls, forced_schema, template_writes_tool_calls
 
 logger = init_logger(__name__)
 T = TypeVar("T")
@@ -278,20 +279,60 @@ class _Body(_Strict):
                              f"(a \\ud800-\\udfff escape without its pair)")
         return data
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | List[Dict[str, Any]]  # 一段文字，或 OpenAI 的 [{"type": "text", "text": ...}, ...]
-    name: str | None = None
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # 参数对象的 JSON 文本（OpenAI 的形状）
 
-    def to_template(self) -> Dict[str, str]:
-        if isinstance(self.content, str):
-            text = self.content
+class ToolCall(_Strict):
+    """assistant 消息里模型上一轮的调用：多轮对话时客户端把它原样发回来。"""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | List[Dict[str, Any]] | None = None  # 一段文字，或 [{"type": "text", "text": ...}, ...]
+    name: str | None = None
+    tool_calls: List[ToolCall] | None = None  # 只在 assistant 消息里（这时可以没有 content）：它调用了哪些工具
+    tool_call_id: str | None = None  # 只在 tool 消息里：这是哪一次调用的结果
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool message needs tool_call_id, and only tool messages have one")
+        if self.content is None and not self.tool_calls:
+            raise ValueError(f"a {self.role} message needs content")
+        for call in self.tool_calls or []:
+            if not isinstance(_json_or_none(call.function.arguments), dict):
+                raise ValueError(f"the arguments of the call to {call.function.name!r} must be a JSON object, "
+                                 f"got {call.function.arguments[:40]!r}")
+        return self
+
+    def to_template(self) -> Dict[str, Any]:
+        if self.content is None or isinstance(self.content, str):
+            text = self.content or ""
         elif all(part.get("type") == "text" and isinstance(part.get("text"), str) for part in self.content):
             text = "".join(part["text"] for part in self.content)
         else:
             raise APIError(400, "only text content parts are supported", param="messages")
-        msg = {"role": "system" if self.role == "developer" else self.role, "content": text}
-        return {**msg, "name": self.name} if self.name else msg
+        msg: Dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.name:
+            msg["name"] = self.name
+        if self.tool_calls:  # 模板要的 arguments 是对象（Qwen 的模板收字符串也收对象，Llama 的只收对象）
+            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": json.loads(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        return msg
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -308,6 +349,27 @@ class JsonSchemaFormat(_Strict):
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None  # type 是 json_schema 时必须给
+
+class FunctionDef(_Strict):
+    """tools 里的一个函数（OpenAI 的形状）：名字、说明、参数的 JSON Schema。"""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: Dict[str, Any] | None = None  # 不给：这个函数没有参数
+    strict: bool | None = None  # 给不给，强制调用时都严格按 parameters 生成
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+class ToolName(_Strict):
+    name: str
+
+class NamedToolChoice(_Strict):
+    """tool_choice 指定一个函数：{"type": "function", "function": {"name": ...}}。"""
+
+    type: Literal["function"]
+    function: ToolName
 
 class _OpenAIRequest(_Body):
     """OpenAI 的每个接口都有的字段：模型名，和 OpenAI 说忽略也不改变输出的几个。"""
@@ -361,6 +423,10 @@ class ChatCompletionRequest(_SamplingRequest):
     continue_final_message: Literal[False] = False  # SGLang：接着最后一条 assistant 消息往下写
     separate_reasoning: Literal[True] = True  # SGLang：思考内容单独放（要 --reasoning-parser；我们没有，等于不做）
     stream_reasoning: Literal[True] = True
+    # 工具调用（本附录最后一节）
+    tools: List[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # 不给：有 tools 时是 auto
+    parallel_tool_calls: bool = True  # false：强制调用时只调一个
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | List[str] | List[int] | List[List[int]]  # 一个或几个提示词；文字，或者 token id
@@ -419,9 +485,14 @@ def _grammar(req: Any) -> Tuple[str | None, Dict[str, str]]:
     for name in ("regex", "ebnf"):
         if getattr(req, name, None) is not None:
             given.append((name, name, getattr(req, name)))
+    choice = getattr(req, "tool_choice", None)
+    if getattr(req, "tools", None) and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        schema = forced_schema([t.model_dump(exclude_none=True) for t in req.tools], name, req.parallel_tool_calls)
+        given.append(("tool_choice", "json_schema", json.dumps(schema, ensure_ascii=False)))
     if len(given) > 1:
         raise APIError(400, f"{given[1][0]} cannot be combined with {given[0][0]}: give at most one of "
-                            f"response_format, regex and ebnf", param=given[1][0])
+                            f"response_format, regex, ebnf and a forced tool_choice", param=given[1][0])
     return (given[0][0], {given[0][1]: given[0][2]}) if given else (None, {})
 
 @functools.lru_cache(maxsize=1024)
@@ -429,17 +500,18 @@ def _check_grammar(kind: str, spec: str) -> None:
     """check_grammar（在逐字节的小词表上编译，常见的 schema 几毫秒），记住通过了的 spec：同一个 schema 反复来，只查一次。"""
     check_grammar(kind, spec)
 
-async def _check_request_grammar(sp: SamplingParams) -> None:
+async def _check_request_grammar(sp: SamplingParams, param: str | None = None) -> None:
     """坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它。编译在线程里做（xgrammar 编译时放开 GIL），
-    事件循环照常给别的流发 token。param 是请求里的名字：json_schema 来自 response_format（_grammar 的反方向）。"""
+    事件循环照常给别的流发 token。param 是请求里的名字（_grammar 给的第一项；不给时 json_schema 算 response_format）。"""
     if sp.grammar is None:
         return
     kind = sp.grammar[0]
-    param = "response_format" if kind == "json_schema" else kind
+    param = param or ("response_format" if kind == "json_schema" else kind)
     try:
         await asyncio.to_thread(_check_grammar, *sp.grammar)
     except ValueError as e:
-        raise APIError(400, f"{param}: {e}" if param == "response_format" else str(e), param=param) from None
+        raise APIError(400, f"{param}: {e}" if param in ("response_format", "tool_choice") else str(e),
+                       param=param) from None
     except ImportError:
         raise APIError(400, f"{param} needs structured output, which needs xgrammar on this server "
                             f"(pip install xgrammar)", param=param) from None
@@ -497,6 +569,29 @@ class _Shape:
     n: int
     top: int
     echo: List[str] | None = None  # 补全接口 echo=true 时：第 i 个回答前面的提示词
+    tools: ToolCalls | None = None  # 对话请求带了 tools（tool_choice 不是 none）：回答里的调用要切出来
+
+    def parser(self, uid: int) -> ToolCallParser | None:
+        """第 uid 个回答的切分器；没有工具时 None。调用的 id 是 call_<uid>_<k>：一个服务里不会重复。"""
+        return self.tools.parser(f"call_{uid}") if self.tools is not None else None
+
+    def finish_reason(self, reason: str | None, parser: ToolCallParser | None) -> str | None:
+        return self.tools.finish_reason(reason, parser) if self.tools is not None and parser is not None else reason
+
+def _split(parser: ToolCallParser | None, text: str, finished: bool) -> Tuple[str, List[Dict[str, Any]]]:
+    """一段新文字 → (内容, 这一段里写完的调用)；回答结束时把扣着的也交出来。没有工具时文字原样是内容。"""
+    if parser is None:
+        return text, []
+    content, calls = parser.feed(text)
+    if finished:
+        rest, more = parser.finish()
+        content, calls = content + rest, calls + more
+    return content, calls
+
+def _tool_call(call: Dict[str, Any], stream: bool) -> Dict[str, Any]:
+    """OpenAI 形状的一个调用；流式的片段里多一个 index（这个回答的第几个调用）。"""
+    out = {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+    return {"index": call["index"], **out} if stream else out
 
 def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usage: bool) -> AsyncIterator[bytes]:
     """SSE 片段：每个回答各自的增量（带着自己的 index），各自一个 finish 片段；最后是 usage（要了的话）和 [DONE]。"""
@@ -506,6 +601,7 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
             head["usage"] = None
         finals: List[UserReply | None] = [None] * len(uids)
         offsets = [len(t) for t in shape.echo] if shape.echo else [0] * len(uids)
+        parsers = [shape.parser(uid) for uid in uids]
 
         def chunk(i: int, body: Dict[str, Any], logprobs: Any = None, finish: str | None = None) -> bytes:
             return _sse({**head, "choices": [{"index": i, **body, "logprobs": logprobs, "finish_reason": finish}]})
@@ -519,16 +615,18 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
                                                   "type": "server_error", "param": None, "code": None}}))
                     yield b"".join(frames)
                     return
-                if ack.incremental_output or ack.logprobs:  # 没有新文字的回复（扣着半个字符）不发空片段
+                text, calls = _split(parsers[i], ack.incremental_output, ack.finished)
+                if text or ack.logprobs:  # 没有新文字的回复（扣着半个字符、半个 <tool_call>）不发空片段
                     if shape.chat:
-                        frames.append(chunk(i, {"delta": {"content": ack.incremental_output}},
-                                            _chat_logprobs(ack.logprobs, shape.top)))
+                        frames.append(chunk(i, {"delta": {"content": text}}, _chat_logprobs(ack.logprobs, shape.top)))
                     else:
-                        frames.append(chunk(i, {"text": ack.incremental_output},
+                        frames.append(chunk(i, {"text": text},
                                             _completion_logprobs(ack.logprobs, shape.top, offsets[i])))
+                frames += [chunk(i, {"delta": {"tool_calls": [_tool_call(c, stream=True)]}}) for c in calls]
                 if ack.finished:
                     finals[i] = ack
-                    frames.append(chunk(i, {"delta": {}} if shape.chat else {"text": ""}, finish=ack.finish_reason))
+                    frames.append(chunk(i, {"delta": {}} if shape.chat else {"text": ""},
+                                        finish=shape.finish_reason(ack.finish_reason, parsers[i])))
             yield b"".join(frames)  # 这次醒来拿到的几条回复，合成一次写出
             frames = []
         if include_usage:  # OpenAI 的约定：最后多一个 choices 为空、只带 usage 的片段
@@ -546,7 +644,12 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
         entries = None if last.logprobs is None else [e for r in replies for e in r.logprobs or []]
         choice: Dict[str, Any] = {"index": i, "finish_reason": last.finish_reason}
         if shape.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            parser = shape.parser(last.uid)
+            content, calls = _split(parser, text, finished=True)
+            choice["finish_reason"] = shape.finish_reason(last.finish_reason, parser)
+            choice["message"] = {"role": "assistant", "content": content or None,
+                                 "tool_calls": [_tool_call(c, stream=False) for c in calls]} if calls \
+                else {"role": "assistant", "content": content}
             choice["logprobs"] = _chat_logprobs(entries, shape.top)
         else:
             echo = shape.echo[i] if shape.echo else ""
@@ -628,8 +731,12 @@ app.add_middleware(_CheckApiKey)
 
 @app.post("/v1/chat/completions")
 async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
+    tools = _tools(req)
     if req.messages:
-        text: str | List[Dict[str, str]] = [m.to_template() for m in req.messages]
+        text: str | List[Dict[str, Any]] = [m.to_template() for m in req.messages]
+    elif tools is not None:
+        raise APIError(400, "tools need 'messages': a plain 'prompt' does not go through the chat template",
+                       param="tools")
     elif req.prompt:
         text = req.prompt
     else:
@@ -640,7 +747,28 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
-    return await _generate(req, request, [text], sp, chat=True)
+    return await _generate(req, request, [text], sp, chat=True, tools=tools)
+
+def _tools(req: ChatCompletionRequest) -> ToolCalls | None:
+    """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。"""
+    choice = req.tool_choice if req.tool_choice is not None else "auto" if req.tools else "none"
+    if not req.tools:
+        if choice != "none":
+            raise APIError(400, "tool_choice needs a non-empty tools list", param="tool_choice")
+        return None
+    if choice == "none":
+        return None
+    names = [t.function.name for t in req.tools]
+    if len(set(names)) < len(names):
+        raise APIError(400, "two tools have the same function name", param="tools")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not in tools", param="tool_choice")
+    if not template_writes_tool_calls(str(get_state().config.model_path)):
+        raise APIError(400, "tools need a chat template that shows the model the tools and has it answer with "
+                            "<tool_call>{...}</tool_call> (Qwen2.5, Qwen3, Hermes, ...); this model's does not",
+                       param="tools")
+    return ToolCalls([t.model_dump(exclude_none=True) for t in req.tools], forced=choice != "auto",
+                     named=isinstance(choice, NamedToolChoice))
 
 @app.post("/v1/completions")
 async def v1_completions(req: CompletionRequest, request: Request):
@@ -682,15 +810,18 @@ def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest | Responses
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Request,
-                    prompts: List[Any], sp: SamplingParams, chat: bool):
-    """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。"""
+                    prompts: List[Any], sp: SamplingParams, chat: bool, tools: ToolCalls | None = None):
+    """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。
+    tools：对话模板里写上这些工具，回答里的调用切出来。"""
     _check_stream_options(req)
     stops = _stop(req)  # 先查完：坏请求不登记任何 uid
-    await _check_request_grammar(sp)
+    await _check_request_grammar(sp, _grammar(req)[0])
     state = get_state()
     n = req.n
     uids = state.new_users(len(prompts) * n)
     options = (req.chat_template_kwargs or {}) if isinstance(req, ChatCompletionRequest) else {}
+    if tools is not None:
+        options = {**options, "tools": tools.tools}
     for k, uid in enumerate(uids):
         p, j = divmod(k, n)
         sp_j = sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j + 2**63) % 2**64 - 2**63)
@@ -702,7 +833,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
             "model": state.config.served_model_name}
     top = (req.top_logprobs or 0) if isinstance(req, ChatCompletionRequest) else (req.logprobs or 0)
     echo = [prompts[k // n] for k in range(len(uids))] if isinstance(req, CompletionRequest) and req.echo else None
-    shape = _Shape(head, chat, n, top, echo)
+    shape = _Shape(head, chat, n, top, echo, tools)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         return StreamingResponse(state.stream_with_cancellation(_stream(state, uids, shape, include_usage), uids),

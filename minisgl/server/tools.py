@@ -1,0 +1,120 @@
+# Tangled from book/chapters/ch17_structured.ipynb — edit the notebook, not this file.
+"""工具调用（附录）：请求里的 tools 怎么进提示词，模型写出的调用怎么变回 OpenAI 的 tool_calls。"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Set, Tuple
+
+TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # Qwen2.5、Qwen3、Hermes……的调用格式
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # 没给 parameters：只能是 {}
+
+
+@functools.lru_cache(maxsize=8)
+def template_writes_tool_calls(model_path: str) -> bool:
+    """这个模型的对话模板会不会把 tools 写进提示词、教模型用 <tool_call>{...}</tool_call> 回答。读模型目录里的
+    chat_template.jinja 或 tokenizer_config.json 的 chat_template（一个，或几个有名字的），不加载分词器。"""
+    path = Path(model_path)
+    texts = [path.joinpath("chat_template.jinja").read_text()] if (path / "chat_template.jinja").is_file() else []
+    if (path / "tokenizer_config.json").is_file():
+        template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template") or []
+        texts += [template] if isinstance(template, str) else [t.get("template", "") for t in template]
+    return any("tools" in t and TOOL_CALL_START in t for t in texts)
+
+
+def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool) -> Dict[str, Any]:
+    """tool_choice 是 required（name=None：任选几个）或指定了一个函数时，输出的 JSON Schema：调用的数组，每一项是
+    {"name": 工具名, "arguments": 合乎它 parameters 的对象}。指定了函数、或 parallel_tool_calls=false 时只一项。"""
+    items = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                               "arguments": f.get("parameters") or NO_PARAMETERS},
+              "required": ["name", "arguments"], "additionalProperties": False}
+             for f in (t["function"] for t in tools) if name is None or f["name"] == name]
+    one = name is not None or not parallel
+    return {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items}, "minItems": 1,
+            **({"maxItems": 1} if one else {})}
+
+
+@dataclass
+class ToolCalls:
+    """一个对话请求的工具设定。tools：OpenAI 形状的工具（也原样交给对话模板）；forced：tool_choice 是 required 或
+    指定了函数，输出由语法限定成调用的 JSON 数组；named：指定了函数（OpenAI 这时的 finish_reason 是 stop）。"""
+
+    tools: List[Dict[str, Any]]
+    forced: bool = False
+    named: bool = False
+
+    def parser(self, id_prefix: str) -> ToolCallParser:
+        return ToolCallParser({t["function"]["name"] for t in self.tools}, self.forced, id_prefix)
+
+    def finish_reason(self, reason: str | None, parser: ToolCallParser) -> str | None:
+        """模型正常写完（stop）、写出了调用：tool_calls；指定了函数时 OpenAI 仍说 stop。"""
+        return "tool_calls" if reason == "stop" and parser.calls and not self.named else reason
+
+
+class ToolCallParser:
+    """一个回答的文字 → 给用户的内容 + 调用 [{"id", "name", "arguments"}]。feed 一段一段地喂（流式时每来一段喂
+    一次，非流式时整段喂一次），finish 在回答结束时调一次；两种喂法切出来的内容和调用相同。
+
+    不强制时：<tool_call> 和 </tool_call> 之间是 {"name": 声明过的工具, "arguments": 对象} 就是一次调用，否则原样
+    算内容；紧挨在调用前后的空白不算内容。强制时：整个输出是语法保证了的调用数组，结束时一起解析。"""
+
+    def __init__(self, names: Set[str], forced: bool, id_prefix: str) -> None:
+        self.names, self.forced, self.id_prefix = names, forced, id_prefix
+        self.buf = ""  # 还定不下来的文字
+        self.inside = False  # buf 在一个 <tool_call> 里
+        self.calls = 0  # 交出去了几个调用
+
+    def feed(self, text: str) -> Tuple[str, List[Dict[str, Any]]]:
+        self.buf += text
+        if self.forced:
+            return "", []
+        content, calls = [], []
+        while True:
+            mark = TOOL_CALL_END if self.inside else TOOL_CALL_START
+            k = self.buf.find(mark)
+            if k < 0:
+                if not self.inside:  # 末尾的空白和半个 "<tool_call>" 先扣着：后面若是调用，它们都不算内容
+                    keep = next((m for m in range(len(mark) - 1, 0, -1) if self.buf.endswith(mark[:m])), 0)
+                    done = self.buf[:len(self.buf) - keep].rstrip()
+                    content.append(done)
+                    self.buf = self.buf[len(done):]
+                return "".join(content), calls
+            head, self.buf = self.buf[:k], self.buf[k + len(mark):]
+            call = self._call(head) if self.inside else None
+            if not self.inside:
+                content.append(head.rstrip())  # 紧挨在调用前面的空白不算内容
+            elif call is None:  # 不是合法的调用：原样还给内容
+                content.append(TOOL_CALL_START + head + TOOL_CALL_END)
+            else:
+                calls.append(call)
+            self.inside = not self.inside
+
+    def finish(self) -> Tuple[str, List[Dict[str, Any]]]:
+        text, self.buf = self.buf, ""
+        if self.forced:
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError:  # max_tokens 用完、数组没写完：写了的原样算内容
+                return text, []
+            return "", [self._make(item["name"], item["arguments"]) for item in items]
+        if self.inside:  # 一个 <tool_call> 没写完就结束了：原样算内容
+            text, self.inside = TOOL_CALL_START + text, False
+        return (text.rstrip() if self.calls else text), []  # 有调用时，最后扣着的空白不算内容
+
+    def _call(self, body: str) -> Dict[str, Any] | None:
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict) or obj.get("name") not in self.names:
+            return None
+        arguments = obj.get("arguments", obj.get("parameters", {}))  # 有的模型写 parameters
+        return self._make(obj["name"], arguments) if isinstance(arguments, dict) else None
+
+    def _make(self, name: str, arguments: Dict[str, Any]) -> Dict[str, Any]:
+        self.calls += 1
+        return {"index": self.calls - 1, "id": f"{self.id_prefix}_{self.calls - 1}", "name": name,
+                "arguments": json.dumps(arguments, ensure_ascii=False)}
