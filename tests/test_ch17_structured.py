@@ -916,7 +916,8 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
 
     unique = {"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}}}
     bad_args = {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": "{oops"}}
-    bad = [({"tool_choice": "required"}, "tool_choice", "tool_choice needs a non-empty tools list"),
+    assert prompt_tokens(ask, tools=[], tool_choice="auto") == prompt_tokens(ask)  # 没有工具：auto 等于 none
+    bad = [({"tool_choice": "required"}, "tool_choice", "a forced tool_choice needs a non-empty tools list"),
            ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice",
             "'fly', which is not in tools"),
            ({"tools": TOOLS + TOOLS[:1]}, "tools", "two tools have the same function name"),
@@ -944,6 +945,62 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
         assert time.monotonic() - t0 < 5, m
         time.sleep(0.05)
     assert "Traceback" not in log.read_text()
+
+def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
+    """Responses API 的函数工具（扁平的形状）：指定函数时输出是一个空的 message 项和一个 function_call 项；流式的事件
+    依次是 OpenAI 规定的那些，最后的 response 和非流式的相同；上一轮的 function_call 和 function_call_output 放进
+    input，提示词和分词器自己套模板的一样长；坏的 input 项、不是函数的工具都是 400；最后请求槽和 KV 页都回来。"""
+    port, _ = server
+    c = client(port)
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]
+    ask = "What is the weather in Paris?"
+    named = dict(model="m", input=ask, tools=flat, tool_choice={"type": "function", "name": "get_weather"},
+                 temperature=0, max_output_tokens=200)
+    r = c.responses.create(**named)
+    assert r.status == "completed" and [o.type for o in r.output] == ["message", "function_call"]
+    call = r.output[1]
+    assert call.name == "get_weather" and re.fullmatch(r"call_\d+_0", call.call_id) and call.id.startswith("fc_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    assert r.output[0].content[0].text == "" and r.tool_choice.name == "get_weather" and r.parallel_tool_calls
+    assert [t.name for t in r.tools] == ["get_weather", "get_time"]
+    events = list(c.responses.create(**named, stream=True))
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done = events[-1].response
+    assert events[5].delta == events[6].arguments == done.output[1].arguments == call.arguments  # 贪心：和非流式一样
+    assert [o.type for o in done.output] == ["message", "function_call"] and done.output[1].name == "get_weather"
+
+    args = {"city": "Paris", "unit": "celsius"}
+    turn = [{"role": "user", "content": ask},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": json.dumps(args)},
+            {"type": "function_call_output", "call_id": "call_1", "output": "18 degrees, sunny"}]
+    rendered = [{"role": "user", "content": ask},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    want = len(load_tokenizer(tiny_qwen3).apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True,
+                                                             tokenize=True, return_dict=True)["input_ids"])
+    assert c.responses.create(model="m", input=turn, tools=flat, max_output_tokens=2,
+                              temperature=0).usage.input_tokens == want
+
+    bad = [({"input": turn[:1] + [{**turn[1], "arguments": "{oops"}]}, "input", "arguments that are a JSON object"),
+           ({"input": [turn[2] | {"call_id": None}]}, "input", "needs a call_id"),
+           ({"input": [turn[2] | {"output": 3}]}, "input", "must be text"),
+           ({"tools": [{"type": "web_search"}]}, "tools", "tools.0"),
+           ({"tools": flat, "tool_choice": {"type": "function", "name": "fly"}}, "tool_choice", "not in tools")]
+    for body, param, message in bad:
+        body = {"model": "m", "input": ask, "max_output_tokens": 8, **body}
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json=body, timeout=60)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == param and message in error["message"], error
+    t0 = time.monotonic()
+    while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
+        assert time.monotonic() - t0 < 5, m
+        time.sleep(0.05)
 
 
 @pytest.mark.gpu

@@ -428,6 +428,10 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # 不给：有 tools 时是 auto
     parallel_tool_calls: bool = True  # false：强制调用时只调一个
 
+    def tool_view(self) -> Tuple[List[Tool], Any, bool]:
+        """(tools, tool_choice, parallel_tool_calls)：Responses API 的请求有同名的方法，把它扁平的工具换成这个形状。"""
+        return self.tools or [], self.tool_choice or "auto", self.parallel_tool_calls
+
 class CompletionRequest(_SamplingRequest):
     prompt: str | List[str] | List[int] | List[List[int]]  # 一个或几个提示词；文字，或者 token id
     logprobs: int | None = None  # 0..5：每个 token 另给最可能的几个
@@ -485,10 +489,10 @@ def _grammar(req: Any) -> Tuple[str | None, Dict[str, str]]:
     for name in ("regex", "ebnf"):
         if getattr(req, name, None) is not None:
             given.append((name, name, getattr(req, name)))
-    choice = getattr(req, "tool_choice", None)
-    if getattr(req, "tools", None) and (choice == "required" or isinstance(choice, NamedToolChoice)):
+    tools, choice, parallel = req.tool_view() if hasattr(req, "tool_view") else ([], "none", True)
+    if tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
         name = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        schema = forced_schema([t.model_dump(exclude_none=True) for t in req.tools], name, req.parallel_tool_calls)
+        schema = forced_schema([t.model_dump(exclude_none=True) for t in tools], name, parallel)
         given.append(("tool_choice", "json_schema", json.dumps(schema, ensure_ascii=False)))
     if len(given) > 1:
         raise APIError(400, f"{given[1][0]} cannot be combined with {given[0][0]}: give at most one of "
@@ -749,16 +753,17 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
     sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
     return await _generate(req, request, [text], sp, chat=True, tools=tools)
 
-def _tools(req: ChatCompletionRequest) -> ToolCalls | None:
-    """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。"""
-    choice = req.tool_choice if req.tool_choice is not None else "auto" if req.tools else "none"
-    if not req.tools:
-        if choice != "none":
-            raise APIError(400, "tool_choice needs a non-empty tools list", param="tool_choice")
+def _tools(req: ChatCompletionRequest | ResponsesRequest) -> ToolCalls | None:
+    """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。
+    没有工具时 auto 和 none 一样（没什么可调的）；必须调用却没有工具，是 400。"""
+    tools, choice, _ = req.tool_view()
+    if not tools:
+        if choice not in ("none", "auto"):
+            raise APIError(400, "a forced tool_choice needs a non-empty tools list", param="tool_choice")
         return None
     if choice == "none":
         return None
-    names = [t.function.name for t in req.tools]
+    names = [t.function.name for t in tools]
     if len(set(names)) < len(names):
         raise APIError(400, "two tools have the same function name", param="tools")
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
@@ -767,7 +772,7 @@ def _tools(req: ChatCompletionRequest) -> ToolCalls | None:
         raise APIError(400, "tools need a chat template that shows the model the tools and has it answer with "
                             "<tool_call>{...}</tool_call> (Qwen2.5, Qwen3, Hermes, ...); this model's does not",
                        param="tools")
-    return ToolCalls([t.model_dump(exclude_none=True) for t in req.tools], forced=choice != "auto",
+    return ToolCalls([t.model_dump(exclude_none=True) for t in tools], forced=choice != "auto",
                      named=isinstance(choice, NamedToolChoice))
 
 @app.post("/v1/completions")
@@ -901,8 +906,22 @@ async def metrics():
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
+class ResponsesTool(_Strict):
+    """Responses API 的一个函数工具：和对话接口的 Tool 一样，只是摊平了（名字、参数不在 function 里）。"""
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: Dict[str, Any] | None = None
+    strict: bool | None = None
+
+class ResponsesToolChoice(_Strict):
+    type: Literal["function"]
+    name: str
+
 class ResponsesRequest(_OpenAIRequest):
-    """/v1/responses 的请求：文字进、文字出。没有工具、没有推理、不存响应（所以也没有 previous_response_id）。"""
+    """/v1/responses 的请求：文字进、文字出，加上函数工具（附录）。没有推理、不存响应（所以也没有
+    previous_response_id）：多轮对话由客户端把上一轮的输出项（包括 function_call）和工具的结果放进 input。"""
 
     input: str | List[Dict[str, Any]]  # 一句话，或者 [{"role": ..., "content": 文字或 input_text 片段}, ...]
     instructions: str | None = None  # 放在最前面的 system 消息
@@ -917,11 +936,28 @@ class ResponsesRequest(_OpenAIRequest):
     min_p: float | None = None
     repetition_penalty: float | None = None
     priority: Literal[0] = 0
+    tools: List[ResponsesTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
+    parallel_tool_calls: bool = True
 
-    def messages(self) -> List[Dict[str, str]]:
+    def tool_view(self) -> Tuple[List[Tool], Any, bool]:
+        """工具换成对话接口的形状，_tools 和 _grammar 两个接口共用。"""
+        tools = [Tool(type="function", function=FunctionDef(**t.model_dump(exclude={"type"}, exclude_none=True)))
+                 for t in self.tools or []]
+        choice = self.tool_choice
+        if isinstance(choice, ResponsesToolChoice):
+            choice = NamedToolChoice(type="function", function=ToolName(name=choice.name))
+        return tools, choice or "auto", self.parallel_tool_calls
+
+    def messages(self) -> List[Dict[str, Any]]:
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
-        out = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        out: List[Dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         for item in items:
+            if item.get("type") in ("function_call", "function_call_output"):  # 上一轮的调用和它的结果
+                turn = _tool_turn(item, out)
+                if turn is not None:
+                    out.append(turn)
+                continue
             content, role = item.get("content"), item.get("role")
             if item.get("type", "message") != "message" or role not in ("system", "developer", "user", "assistant"):
                 raise APIError(400, f"input items must be text messages, got {json.dumps(item)[:80]}", param="input")
@@ -935,16 +971,44 @@ class ResponsesRequest(_OpenAIRequest):
             out.append({"role": "system" if role == "developer" else role, "content": content})
         return out
 
+def _tool_turn(item: Dict[str, Any], out: List[Dict[str, Any]]) -> Dict[str, Any] | None:
+    """input 里的 function_call → assistant 消息的一个 tool_calls（紧跟在 assistant 消息后面时并进去，返回 None）；
+    function_call_output → tool 消息。形状不对是 400。"""
+    call_id, where = item.get("call_id"), json.dumps(item, ensure_ascii=False)[:80]
+    if not isinstance(call_id, str):
+        raise APIError(400, f"input item {where} needs a call_id", param="input")
+    if item["type"] == "function_call_output":
+        output = item.get("output")
+        if isinstance(output, list) and all(isinstance(p, dict) and p.get("type") == "input_text"
+                                            and isinstance(p.get("text"), str) for p in output):
+            output = "".join(p["text"] for p in output)
+        if not isinstance(output, str):
+            raise APIError(400, f"the output of input item {where} must be text", param="input")
+        return {"role": "tool", "tool_call_id": call_id, "content": output}
+    arguments = _json_or_none(item.get("arguments")) if isinstance(item.get("arguments"), str) else None
+    if not isinstance(item.get("name"), str) or not isinstance(arguments, dict):
+        raise APIError(400, f"input item {where} needs a name and arguments that are a JSON object", param="input")
+    call = {"id": call_id, "type": "function", "function": {"name": item["name"], "arguments": arguments}}
+    if out and out[-1]["role"] == "assistant":  # 一轮里的几个调用（和它前面的文字）是一条 assistant 消息
+        out[-1].setdefault("tool_calls", []).append(call)
+        return None
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
 def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, text: str | None,
-                     last: UserReply | None) -> Dict[str, Any]:
-    """Responses API 的响应对象。last 是最后一条回复：None 时是刚开始（还没有输出）。"""
+                     last: UserReply | None, calls: List[Dict[str, Any]] = ()) -> Dict[str, Any]:
+    """Responses API 的响应对象。last 是最后一条回复：None 时是刚开始（还没有输出）。output 里先是文字的 message 项
+    （总有一个，没写文字时是空的），再是每个调用一个 function_call 项。"""
     status = "in_progress" if last is None else "incomplete" if last.finish_reason == "length" else "completed"
+    choice = req.tool_choice if req.tool_choice is not None else "auto" if req.tools else "none"
     obj: Dict[str, Any] = {
         "id": f"resp_{rid}", "object": "response", "created_at": created, "status": status, "model": model,
-        "output": [] if last is None else [_message_item(rid, text or "", "completed")],
+        "output": [] if last is None else
+        [_message_item(rid, text or "", "completed")] + [_function_call_item(rid, c, "completed") for c in calls],
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
         "temperature": req.temperature, "top_p": 1.0 if req.top_p is None else req.top_p,
-        "parallel_tool_calls": False, "tool_choice": "none", "tools": [], "store": False, "error": None,
+        "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": choice if isinstance(choice, str)
+        else choice.model_dump(), "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "store": False, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None, "usage": None}
     if last is not None:
         obj["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.completion_tokens,
@@ -957,23 +1021,34 @@ def _message_item(rid: str, text: str | None, status: str) -> Dict[str, Any]:
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": content}
 
+def _function_call_item(rid: str, call: Dict[str, Any], status: str) -> Dict[str, Any]:
+    """一个调用的输出项。id 是这个输出项的名字；call_id 是调用的名字，客户端送回结果时用它对上号。"""
+    return {"type": "function_call", "id": f"fc_{rid}_{call['index']}", "call_id": call["id"], "name": call["name"],
+            "arguments": call["arguments"] if status == "completed" else "", "status": status}
+
 @app.post("/v1/responses")
 async def v1_responses(req: ResponsesRequest, request: Request):
     """OpenAI 的 Responses API，文字部分：非流式一个 response 对象；流式是一串带名字的事件（event: 类型）。"""
     if req.text not in (None, {"format": {"type": "text"}}):
         raise APIError(400, f"text={json.dumps(req.text)[:80]} is not supported: only plain text output", param="text")
     state = get_state()
+    tools = _tools(req)
+    messages = req.messages()
     sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
+    await _check_request_grammar(sp, _grammar(req)[0])  # 强制调用的 schema
     uids = state.new_users()
-    await state.send_one(TokenizeMsg(uid=uids[0], text=req.messages(), sampling_params=sp))
+    await state.send_one(TokenizeMsg(uid=uids[0], text=messages, sampling_params=sp,
+                                     chat_options={"tools": tools.tools} if tools is not None else {}))
     await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param=_max_tokens_param(req)),
                                    uids, request)
     rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
+    parser = tools.parser(f"call_{uids[0]}") if tools is not None else None
     if not req.stream:
         replies = (await state.collect_with_cancellation(uids, request))[0]
         if replies[-1].finish_reason == "error":
             raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
-        return _response_object(req, rid, created, model, "".join(r.incremental_output for r in replies), replies[-1])
+        text, calls = _split(parser, "".join(r.incremental_output for r in replies), finished=True)
+        return _response_object(req, rid, created, model, text, replies[-1], calls)
 
     async def events() -> AsyncIterator[bytes]:
         seq = 0
@@ -989,7 +1064,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                + event("response.output_item.added", output_index=0, item=_message_item(rid, None, "in_progress"))
                + event("response.content_part.added", **where,
                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
-        text = ""
+        text, calls = "", []
         async for replies in state.wait_for_replies(uids):
             frames = []
             for _, ack in replies:
@@ -997,12 +1072,21 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                     yield event("error", code="server_error", message=f"the server is shutting down: {state.dead}",
                                 param=None)
                     return
-                if ack.incremental_output:
-                    text += ack.incremental_output
-                    frames.append(event("response.output_text.delta", **where, delta=ack.incremental_output,
-                                        logprobs=[]))
+                delta, new_calls = _split(parser, ack.incremental_output, ack.finished)
+                if delta:
+                    text += delta
+                    frames.append(event("response.output_text.delta", **where, delta=delta, logprobs=[]))
+                for call in new_calls:  # 写完一个调用：它的输出项从加入到完成，参数一次给全
+                    at = dict(item_id=f"fc_{rid}_{call['index']}", output_index=1 + call["index"])
+                    frames += [event("response.output_item.added", output_index=at["output_index"],
+                                     item=_function_call_item(rid, call, "in_progress")),
+                               event("response.function_call_arguments.delta", **at, delta=call["arguments"]),
+                               event("response.function_call_arguments.done", **at, arguments=call["arguments"]),
+                               event("response.output_item.done", output_index=at["output_index"],
+                                     item=_function_call_item(rid, call, "completed"))]
+                calls += new_calls
                 if ack.finished:
-                    done = _response_object(req, rid, created, model, text, ack)
+                    done = _response_object(req, rid, created, model, text, ack, calls)
                     frames += [event("response.output_text.done", **where, text=text, logprobs=[]),
                                event("response.content_part.done", **where, part=done["output"][0]["content"][0]),
                                event("response.output_item.done", output_index=0, item=done["output"][0]),
