@@ -27,7 +27,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from minisgl.message import UserMsg, decode, encode  # noqa: E402
-from minisgl.server.tools import ToolCallParser, forced_schema, template_writes_tool_calls  # noqa: E402
+from minisgl.server.tools import (ReasoningParser, ToolCallParser, forced_schema, template_thinks,  # noqa: E402
+                                  template_writes_tool_calls)
 from minisgl.structured import (JSON_OBJECT_SCHEMA, Grammar, GrammarBackend, allocate_vocab_mask,  # noqa: E402
                                 apply_vocab_mask, check_grammar, fill_vocab_mask, unpack_vocab_mask)
 from minisgl.utils.hf import load_tokenizer, qwen3_tokenizer_dir  # noqa: E402
@@ -945,6 +946,57 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
         assert time.monotonic() - t0 < 5, m
         time.sleep(0.05)
     assert "Traceback" not in log.read_text()
+
+def test_reasoning_parser_any_split() -> None:
+    """开头的 <think>…</think> 切成思考、其余是内容；不以 <think> 开头的、只有空白或半个标记的、没写完思考的：
+    每一个切分点切成两段喂、一个字符一个字符地喂，都和整段喂一次相同。"""
+    cases = {"<think>\nThe user wants the weather.\n</think>\n\nIt is sunny.": ("The user wants the weather.",
+                                                                               "It is sunny."),
+             "  <think>\n\n</think>\n\nHi": ("", "Hi"), "Sure <think>x</think>": ("", "Sure <think>x</think>"),
+             "\n": ("", "\n"), "<thi": ("", "<thi"), "<think>\nnot done </thi": ("not done </thi", ""),
+             "<think> a </think> b <think>c</think>": ("a", "b <think>c</think>")}
+
+    def run(pieces: List[str]) -> Tuple[str, str]:
+        parser, thought, content = ReasoningParser(), "", ""
+        for piece in pieces + [None]:
+            more_thought, more = parser.feed(piece) if piece is not None else parser.finish()
+            thought, content = thought + more_thought, content + more
+        return thought, content
+
+    for text, want in cases.items():
+        assert run([text]) == run(list(text)) == want, text
+        for k in range(len(text) + 1):
+            assert run([text[:k], text[k:]]) == want, (text, k)
+
+def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
+    """Qwen3 的模板会思考：ebnf 让随机模型写出 <think>…</think> 和回答，思考进 reasoning_content，流式和非流式
+    一样；separate_reasoning=false 时原样在 content 里；思考之后是工具调用时三样各归各位。SmolLM2 不思考。"""
+    port, _ = server
+    c = client(port)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def forced(said: str, **kwargs: Any) -> Dict[str, Any]:
+        return dict(model="m", messages=ask, max_tokens=300, temperature=0,
+                    extra_body={"ebnf": f"root ::= {json.dumps(said)}", **kwargs.pop("extra_body", {})}, **kwargs)
+
+    said = "<think>\nThe user wants the weather.\n</think>\n\nIt is sunny in Paris."
+    whole = c.chat.completions.create(**forced(said)).choices[0].message
+    assert (whole.reasoning_content, whole.content) == ("The user wants the weather.", "It is sunny in Paris.")
+    chunks = list(c.chat.completions.create(**forced(said), stream=True))
+    assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks) == \
+        whole.reasoning_content
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == whole.content
+    kept = c.chat.completions.create(**forced(said, extra_body={"separate_reasoning": False})).choices[0].message
+    assert kept.content == said and getattr(kept, "reasoning_content", None) is None
+    call = {"name": "get_time", "arguments": {}}
+    both = c.chat.completions.create(**forced(f"<think>\nCall it.\n</think>\n\n<tool_call>\n{json.dumps(call)}\n"
+                                              f"</tool_call>", tools=TOOLS)).choices[0]
+    assert (both.message.reasoning_content, both.message.content, both.finish_reason) == ("Call it.", None,
+                                                                                         "tool_calls")
+    assert [(t.function.name, t.function.arguments) for t in both.message.tool_calls] == [("get_time", "{}")]
+    plain = c.chat.completions.create(model="m", messages=ask, max_tokens=5, temperature=0).choices[0].message
+    assert "reasoning_content" not in plain.model_dump(exclude_unset=True)  # 没思考：没有这个键
+    assert template_thinks(str(tiny_qwen3)) and not template_thinks(str(smollm2))
 
 def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
     """Responses API 的函数工具（扁平的形状）：指定函数时输出是一个空的 message 项和一个 function_call 项；流式的事件

@@ -26,7 +26,8 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs, model_limits
-from .tools import ToolCallParser, ToolCalls, forced_schema, template_writes_tool_calls
+from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, template_thinks,
+                    template_writes_tool_calls)
 
 logger = init_logger(__name__)
 T = TypeVar("T")
@@ -421,9 +422,9 @@ class ChatCompletionRequest(_SamplingRequest):
     modalities: List[str] | None = None  # 只认 ["text"]（默认）
     chat_template_kwargs: Dict[str, Any] | None = None  # 例如 {"enable_thinking": false}
     continue_final_message: Literal[False] = False  # SGLang：接着最后一条 assistant 消息往下写
-    separate_reasoning: Literal[True] = True  # SGLang：思考内容单独放（要 --reasoning-parser；我们没有，等于不做）
-    stream_reasoning: Literal[True] = True
-    # 工具调用（本附录最后一节）
+    stream_reasoning: Literal[True] = True  # SGLang：思考边写边发（我们总是这样）
+    # 工具调用和思考（本附录最后一节）
+    separate_reasoning: bool = True  # SGLang：模板会思考的模型（Qwen3……），开头的 <think>…</think> 单独放
     tools: List[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # 不给：有 tools 时是 auto
     parallel_tool_calls: bool = True  # false：强制调用时只调一个
@@ -574,23 +575,43 @@ class _Shape:
     top: int
     echo: List[str] | None = None  # 补全接口 echo=true 时：第 i 个回答前面的提示词
     tools: ToolCalls | None = None  # 对话请求带了 tools（tool_choice 不是 none）：回答里的调用要切出来
+    reasoning: bool = False  # 模型先在 <think>…</think> 里思考（Qwen3 一类）：那一段放进 reasoning_content
 
-    def parser(self, uid: int) -> ToolCallParser | None:
-        """第 uid 个回答的切分器；没有工具时 None。调用的 id 是 call_<uid>_<k>：一个服务里不会重复。"""
-        return self.tools.parser(f"call_{uid}") if self.tools is not None else None
+    def parser(self, uid: int) -> _Splitter | None:
+        """第 uid 个回答的切分器；什么都不切时 None。调用的 id 是 call_<uid>_<k>：一个服务里不会重复。"""
+        if self.tools is None and not self.reasoning:
+            return None
+        return _Splitter(ReasoningParser() if self.reasoning else None,
+                         self.tools.parser(f"call_{uid}") if self.tools is not None else None)
 
-    def finish_reason(self, reason: str | None, parser: ToolCallParser | None) -> str | None:
-        return self.tools.finish_reason(reason, parser) if self.tools is not None and parser is not None else reason
+    def finish_reason(self, reason: str | None, parser: _Splitter | None) -> str | None:
+        if self.tools is None or parser is None or parser.tools is None:
+            return reason
+        return self.tools.finish_reason(reason, parser.tools)
 
-def _split(parser: ToolCallParser | None, text: str, finished: bool) -> Tuple[str, List[Dict[str, Any]]]:
-    """一段新文字 → (内容, 这一段里写完的调用)；回答结束时把扣着的也交出来。没有工具时文字原样是内容。"""
+@dataclass
+class _Splitter:
+    """一个回答的切分：先切出开头的思考，剩下的再切出工具调用。"""
+
+    reasoning: ReasoningParser | None
+    tools: ToolCallParser | None
+
+def _split(parser: _Splitter | None, text: str, finished: bool) -> Tuple[str, str, List[Dict[str, Any]]]:
+    """一段新文字 → (思考, 内容, 这一段里写完的调用)；回答结束时把扣着的也交出来。没有切分器时文字原样是内容。"""
     if parser is None:
-        return text, []
-    content, calls = parser.feed(text)
-    if finished:
-        rest, more = parser.finish()
-        content, calls = content + rest, calls + more
-    return content, calls
+        return "", text, []
+    thought, content, calls = "", text, []
+    if parser.reasoning is not None:
+        thought, content = parser.reasoning.feed(text)
+        if finished:
+            more_thought, more = parser.reasoning.finish()
+            thought, content = thought + more_thought, content + more
+    if parser.tools is not None:
+        content, calls = parser.tools.feed(content)
+        if finished:
+            rest, more_calls = parser.tools.finish()
+            content, calls = content + rest, calls + more_calls
+    return thought, content, calls
 
 def _tool_call(call: Dict[str, Any], stream: bool) -> Dict[str, Any]:
     """OpenAI 形状的一个调用；流式的片段里多一个 index（这个回答的第几个调用）。"""
@@ -619,7 +640,9 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
                                                   "type": "server_error", "param": None, "code": None}}))
                     yield b"".join(frames)
                     return
-                text, calls = _split(parsers[i], ack.incremental_output, ack.finished)
+                thought, text, calls = _split(parsers[i], ack.incremental_output, ack.finished)
+                if thought:
+                    frames.append(chunk(i, {"delta": {"reasoning_content": thought}}))
                 if text or ack.logprobs:  # 没有新文字的回复（扣着半个字符、半个 <tool_call>）不发空片段
                     if shape.chat:
                         frames.append(chunk(i, {"delta": {"content": text}}, _chat_logprobs(ack.logprobs, shape.top)))
@@ -649,11 +672,14 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
         choice: Dict[str, Any] = {"index": i, "finish_reason": last.finish_reason}
         if shape.chat:
             parser = shape.parser(last.uid)
-            content, calls = _split(parser, text, finished=True)
+            thought, content, calls = _split(parser, text, finished=True)
             choice["finish_reason"] = shape.finish_reason(last.finish_reason, parser)
-            choice["message"] = {"role": "assistant", "content": content or None,
-                                 "tool_calls": [_tool_call(c, stream=False) for c in calls]} if calls \
-                else {"role": "assistant", "content": content}
+            message: Dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
+            if thought:  # 只在真有思考时才有这个键：不思考的回答和第 15 章的一字不差
+                message["reasoning_content"] = thought
+            if calls:
+                message["tool_calls"] = [_tool_call(c, stream=False) for c in calls]
+            choice["message"] = message
             choice["logprobs"] = _chat_logprobs(entries, shape.top)
         else:
             echo = shape.echo[i] if shape.echo else ""
@@ -751,7 +777,8 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
-    return await _generate(req, request, [text], sp, chat=True, tools=tools)
+    thinks = req.separate_reasoning and bool(req.messages) and template_thinks(str(get_state().config.model_path))
+    return await _generate(req, request, [text], sp, chat=True, tools=tools, reasoning=thinks)
 
 def _tools(req: ChatCompletionRequest | ResponsesRequest) -> ToolCalls | None:
     """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。
@@ -815,9 +842,10 @@ def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest | Responses
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Request,
-                    prompts: List[Any], sp: SamplingParams, chat: bool, tools: ToolCalls | None = None):
+                    prompts: List[Any], sp: SamplingParams, chat: bool, tools: ToolCalls | None = None,
+                    reasoning: bool = False):
     """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。
-    tools：对话模板里写上这些工具，回答里的调用切出来。"""
+    tools：对话模板里写上这些工具，回答里的调用切出来；reasoning：回答开头的思考切出来。"""
     _check_stream_options(req)
     stops = _stop(req)  # 先查完：坏请求不登记任何 uid
     await _check_request_grammar(sp, _grammar(req)[0])
@@ -838,7 +866,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
             "model": state.config.served_model_name}
     top = (req.top_logprobs or 0) if isinstance(req, ChatCompletionRequest) else (req.logprobs or 0)
     echo = [prompts[k // n] for k in range(len(uids))] if isinstance(req, CompletionRequest) and req.echo else None
-    shape = _Shape(head, chat, n, top, echo, tools)
+    shape = _Shape(head, chat, n, top, echo, tools, reasoning)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         return StreamingResponse(state.stream_with_cancellation(_stream(state, uids, shape, include_usage), uids),
@@ -1042,12 +1070,12 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param=_max_tokens_param(req)),
                                    uids, request)
     rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
-    parser = tools.parser(f"call_{uids[0]}") if tools is not None else None
+    parser = _Splitter(None, tools.parser(f"call_{uids[0]}")) if tools is not None else None  # 思考不切：留在文字里
     if not req.stream:
         replies = (await state.collect_with_cancellation(uids, request))[0]
         if replies[-1].finish_reason == "error":
             raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
-        text, calls = _split(parser, "".join(r.incremental_output for r in replies), finished=True)
+        _, text, calls = _split(parser, "".join(r.incremental_output for r in replies), finished=True)
         return _response_object(req, rid, created, model, text, replies[-1], calls)
 
     async def events() -> AsyncIterator[bytes]:
@@ -1072,7 +1100,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                     yield event("error", code="server_error", message=f"the server is shutting down: {state.dead}",
                                 param=None)
                     return
-                delta, new_calls = _split(parser, ack.incremental_output, ack.finished)
+                _, delta, new_calls = _split(parser, ack.incremental_output, ack.finished)
                 if delta:
                     text += delta
                     frames.append(event("response.output_text.delta", **where, delta=delta, logprobs=[]))

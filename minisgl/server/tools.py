@@ -1,5 +1,6 @@
 # Tangled from book/chapters/ch17_structured.ipynb — edit the notebook, not this file.
-"""工具调用（附录）：请求里的 tools 怎么进提示词，模型写出的调用怎么变回 OpenAI 的 tool_calls。"""
+"""从模型写的文字里切出结构（附录）：工具调用（tools 怎么进提示词，<tool_call> 怎么变回 OpenAI 的 tool_calls），
+和开头 <think>…</think> 里的思考（reasoning_content）。"""
 
 from __future__ import annotations
 
@@ -10,19 +11,30 @@ from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # Qwen2.5、Qwen3、Hermes……的调用格式
+THINK_START, THINK_END = "<think>", "</think>"  # Qwen3、QwQ、DeepSeek-R1……的思考
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # 没给 parameters：只能是 {}
 
 
 @functools.lru_cache(maxsize=8)
-def template_writes_tool_calls(model_path: str) -> bool:
-    """这个模型的对话模板会不会把 tools 写进提示词、教模型用 <tool_call>{...}</tool_call> 回答。读模型目录里的
-    chat_template.jinja 或 tokenizer_config.json 的 chat_template（一个，或几个有名字的），不加载分词器。"""
+def _templates(model_path: str) -> Tuple[str, ...]:
+    """模型目录里对话模板的原文：chat_template.jinja，或 tokenizer_config.json 的 chat_template（一个，或几个有名字
+    的）。服务启动时不加载分词器（那是分词进程的事），所以直接读文件。"""
     path = Path(model_path)
     texts = [path.joinpath("chat_template.jinja").read_text()] if (path / "chat_template.jinja").is_file() else []
     if (path / "tokenizer_config.json").is_file():
         template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template") or []
         texts += [template] if isinstance(template, str) else [t.get("template", "") for t in template]
-    return any("tools" in t and TOOL_CALL_START in t for t in texts)
+    return tuple(texts)
+
+
+def template_writes_tool_calls(model_path: str) -> bool:
+    """这个模型的对话模板会不会把 tools 写进提示词、教模型用 <tool_call>{...}</tool_call> 回答。"""
+    return any("tools" in t and TOOL_CALL_START in t for t in _templates(model_path))
+
+
+def template_thinks(model_path: str) -> bool:
+    """这个模型会不会先在 <think>…</think> 里思考（模板里提到它：Qwen3 的模板在多轮对话里去掉上一轮的思考）。"""
+    return any(THINK_START in t for t in _templates(model_path))
 
 
 def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool) -> Dict[str, Any]:
@@ -118,3 +130,50 @@ class ToolCallParser:
         self.calls += 1
         return {"index": self.calls - 1, "id": f"{self.id_prefix}_{self.calls - 1}", "name": name,
                 "arguments": json.dumps(arguments, ensure_ascii=False)}
+
+
+class ReasoningParser:
+    """回答开头的 <think>…</think> → 思考（reasoning_content），其余是内容；不以 <think> 开头的回答全是内容。和
+    ToolCallParser 一样可以一段一段地喂，两种喂法切得一样：开头还看不出来（空白、"<thi"）时先扣着；思考和其后内容
+    两头的空白不算（末尾的空白和半个 </think> 先扣着）。"""
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.state = "start"  # start：还不知道有没有思考 → think：在思考里 → content：之后都是内容
+        self.lead = False  # 刚进入思考、刚出思考：开头的空白不算
+
+    def feed(self, text: str) -> Tuple[str, str]:
+        """喂一段新文字，返回 (这次能交出的思考, 这次能交出的内容)。"""
+        self.buf += text
+        if self.state == "start":
+            head = self.buf.lstrip()
+            if len(head) < len(THINK_START) and THINK_START.startswith(head):
+                return "", ""  # 空白，或 "<thi" 这样的半个标记：再等一段
+            if head.startswith(THINK_START):
+                self.state, self.buf, self.lead = "think", head[len(THINK_START):], True
+            else:
+                self.state = "content"
+        if self.lead:
+            self.buf = self.buf.lstrip()
+            if not self.buf:
+                return "", ""
+            self.lead = False
+        if self.state == "think":
+            k = self.buf.find(THINK_END)
+            if k < 0:  # 末尾的空白和半个 </think> 扣着
+                keep = next((m for m in range(len(THINK_END) - 1, 0, -1) if self.buf.endswith(THINK_END[:m])), 0)
+                done = self.buf[:len(self.buf) - keep].rstrip()
+                self.buf = self.buf[len(done):]
+                return done, ""
+            thought, self.buf = self.buf[:k].rstrip(), self.buf[k + len(THINK_END):]
+            self.state, self.lead = "content", True
+            return thought, self.feed("")[1]
+        content, self.buf = self.buf, ""
+        return "", content
+
+    def finish(self) -> Tuple[str, str]:
+        """回答结束：扣着的交出来。没写完的思考仍算思考；只有空白或半个 "<think>" 的回答，原样是内容。"""
+        text, self.buf = self.buf, ""
+        if self.state == "think":
+            return text.rstrip(), ""
+        return "", "" if self.lead else text
