@@ -994,6 +994,15 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     assert (both.message.reasoning_content, both.message.content, both.finish_reason) == ("Call it.", None,
                                                                                          "tool_calls")
     assert [(t.function.name, t.function.arguments) for t in both.message.tool_calls] == [("get_time", "{}")]
+    result = {"role": "tool", "tool_call_id": both.message.tool_calls[0].id, "content": "12:00"}
+    again = c.chat.completions.create(model="m", messages=ask + [both.message, result], tools=TOOLS, max_tokens=2,
+                                      temperature=0)  # 客户端把回答对象原样放回 messages：思考也跟着回来
+    rendered = ask + [{"role": "assistant", "content": "", "reasoning_content": "Call it.", "tool_calls": [
+        {"id": both.message.tool_calls[0].id, "type": "function", "function": call}]}, result]
+    want = load_tokenizer(tiny_qwen3).apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True,
+                                                          tokenize=False)
+    assert "<think>\nCall it.\n</think>" in want
+    assert again.usage.prompt_tokens == len(load_tokenizer(tiny_qwen3).encode(want, add_special_tokens=False))
     plain = c.chat.completions.create(model="m", messages=ask, max_tokens=5, temperature=0).choices[0].message
     assert "reasoning_content" not in plain.model_dump(exclude_unset=True)  # 没思考：没有这个键
     assert template_thinks(str(tiny_qwen3)) and not template_thinks(str(smollm2))

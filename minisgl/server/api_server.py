@@ -297,11 +297,13 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: List[ToolCall] | None = None  # 只在 assistant 消息里（这时可以没有 content）：它调用了哪些工具
     tool_call_id: str | None = None  # 只在 tool 消息里：这是哪一次调用的结果
+    reasoning_content: str | None = None  # 只在 assistant 消息里：它的思考（客户端把我们给的原样发回来）
 
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatMessage:
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("only assistant messages have tool_calls")
+        for name in ("tool_calls", "reasoning_content"):
+            if getattr(self, name) is not None and self.role != "assistant":
+                raise ValueError(f"only assistant messages have {name}")
         if (self.tool_call_id is not None) != (self.role == "tool"):
             raise ValueError("a tool message needs tool_call_id, and only tool messages have one")
         if self.content is None and not self.tool_calls:
@@ -327,6 +329,8 @@ class ChatMessage(_Strict):
                 "name": c.function.name, "arguments": json.loads(c.function.arguments)}} for c in self.tool_calls]
         if self.tool_call_id is not None:
             msg["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:  # Qwen3 的模板把这一轮调用工具之前的思考写回 <think> 里
+            msg["reasoning_content"] = self.reasoning_content
         return msg
 
 def _json_or_none(text: str) -> Any:
