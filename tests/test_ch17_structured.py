@@ -1047,6 +1047,14 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
                                                              tokenize=True, return_dict=True)["input_ids"])
     assert c.responses.create(model="m", input=turn, tools=flat, max_output_tokens=2,
                               temperature=0).usage.input_tokens == want
+    follow = [turn[0]] + [o.model_dump(exclude_none=True) for o in r.output] + [  # 上一个回答的输出项原样放回来
+        {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees, sunny"}]
+    rendered[1]["tool_calls"][0].update(id=call.call_id, function={"name": "get_weather",
+                                                                   "arguments": json.loads(call.arguments)})
+    want = len(load_tokenizer(tiny_qwen3).apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True,
+                                                             tokenize=True, return_dict=True)["input_ids"])
+    assert c.responses.create(model="m", input=follow, tools=flat, max_output_tokens=2,
+                              temperature=0).usage.input_tokens == want
 
     bad = [({"input": turn[:1] + [{**turn[1], "arguments": "{oops"}]}, "input", "arguments that are a JSON object"),
            ({"input": [turn[2] | {"call_id": None}]}, "input", "needs a call_id"),
