@@ -71,7 +71,8 @@ class ToolCallParser:
     一次，非流式时整段喂一次），finish 在回答结束时调一次；两种喂法切出来的内容和调用相同。
 
     不强制时：<tool_call> 和 </tool_call> 之间是 {"name": 声明过的工具, "arguments": 对象} 就是一次调用，否则原样
-    算内容；紧挨在调用前后的空白不算内容。强制时：整个输出是语法保证了的调用数组，结束时一起解析。"""
+    算内容；紧挨在调用前面的空白、有调用时回答末尾的空白不算内容。强制时：整个输出是语法保证了的调用数组，结束时
+    一起解析。"""
 
     def __init__(self, names: Set[str], forced: bool, id_prefix: str) -> None:
         self.names, self.forced, self.id_prefix = names, forced, id_prefix
