@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import json
 import random
 import re
@@ -811,14 +812,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
          {"type": "function", "function": {"name": "get_time", "description": "The time now"}}]
 PARAMETERS = {"get_weather": WEATHER, "get_time": {"type": "object", "properties": {}, "additionalProperties": False}}
 
-def cut(parser: ToolCallParser, pieces: List[str]) -> Tuple[str, List[Dict[str, Any]]]:
-    """一段一段喂给切分器，最后 finish：拼起来的内容和全部调用。"""
-    content, calls = "", []
-    for piece in pieces:
-        text, more = parser.feed(piece)
-        content, calls = content + text, calls + more
-    text, more = parser.finish()
-    return content + text, calls + more
+def cut(parser: ToolCallParser | ReasoningParser, pieces: List[str]) -> Tuple[Any, Any]:
+    """一段一段喂给切分器，最后 finish，两样各自拼起来：ToolCallParser 是（内容, 全部调用），ReasoningParser 是
+    （思考, 内容）。"""
+    outs = [parser.feed(piece) for piece in pieces] + [parser.finish()]
+    return tuple(functools.reduce(lambda a, b: a + b, column) for column in zip(*outs))  # type: ignore[return-value]
 
 def test_tool_call_parser_any_split() -> None:
     """内容、两个调用、一个不认识的函数（原样算内容）、一个没写完的调用：在每一个切分点切成两段喂、一个字符一个
@@ -956,17 +954,10 @@ def test_reasoning_parser_any_split() -> None:
              "\n": ("", "\n"), "<thi": ("", "<thi"), "<think>\nnot done </thi": ("not done </thi", ""),
              "<think> a </think> b <think>c</think>": ("a", "b <think>c</think>")}
 
-    def run(pieces: List[str]) -> Tuple[str, str]:
-        parser, thought, content = ReasoningParser(), "", ""
-        for piece in pieces + [None]:
-            more_thought, more = parser.feed(piece) if piece is not None else parser.finish()
-            thought, content = thought + more_thought, content + more
-        return thought, content
-
     for text, want in cases.items():
-        assert run([text]) == run(list(text)) == want, text
+        assert cut(ReasoningParser(), [text]) == cut(ReasoningParser(), list(text)) == want, text
         for k in range(len(text) + 1):
-            assert run([text[:k], text[k:]]) == want, (text, k)
+            assert cut(ReasoningParser(), [text[:k], text[k:]]) == want, (text, k)
 
 def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     """Qwen3 的模板会思考：ebnf 让随机模型写出 <think>…</think> 和回答，思考进 reasoning_content，流式和非流式

@@ -26,7 +26,7 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs, model_limits
-from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, template_thinks,
+from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, json_or_none, template_thinks,
                     template_writes_tool_calls)
 
 logger = init_logger(__name__)
@@ -309,7 +309,7 @@ class ChatMessage(_Strict):
         if self.content is None and not self.tool_calls:
             raise ValueError(f"a {self.role} message needs content")
         for call in self.tool_calls or []:
-            if not isinstance(_json_or_none(call.function.arguments), dict):
+            if not isinstance(json_or_none(call.function.arguments), dict):
                 raise ValueError(f"the arguments of the call to {call.function.name!r} must be a JSON object, "
                                  f"got {call.function.arguments[:40]!r}")
         return self
@@ -333,11 +333,6 @@ class ChatMessage(_Strict):
             msg["reasoning_content"] = self.reasoning_content
         return msg
 
-def _json_or_none(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return None
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -509,21 +504,22 @@ def _check_grammar(kind: str, spec: str) -> None:
     """check_grammar（在逐字节的小词表上编译，常见的 schema 几毫秒），记住通过了的 spec：同一个 schema 反复来，只查一次。"""
     check_grammar(kind, spec)
 
-async def _check_request_grammar(sp: SamplingParams, param: str | None = None) -> None:
+async def _check_request_grammar(sp: SamplingParams, req: Any = None) -> None:
     """坏的 schema / 正则 / 文法在这里回 400：调度器永远见不到它。编译在线程里做（xgrammar 编译时放开 GIL），
-    事件循环照常给别的流发 token。param 是请求里的名字（_grammar 给的第一项；不给时 json_schema 算 response_format）。"""
+    事件循环照常给别的流发 token。错误里的 param 是请求里的名字，出错时才从 req 里找（_grammar 给的第一项）；
+    没有 req 时 json_schema 算 response_format。"""
     if sp.grammar is None:
         return
     kind = sp.grammar[0]
-    param = param or ("response_format" if kind == "json_schema" else kind)
     try:
         await asyncio.to_thread(_check_grammar, *sp.grammar)
-    except ValueError as e:
+    except (ValueError, ImportError) as e:
+        param = _grammar(req)[0] if req is not None else "response_format" if kind == "json_schema" else kind
+        if isinstance(e, ImportError):
+            raise APIError(400, f"{param} needs structured output, which needs xgrammar on this server "
+                                f"(pip install xgrammar)", param=param) from None
         raise APIError(400, f"{param}: {e}" if param in ("response_format", "tool_choice") else str(e),
                        param=param) from None
-    except ImportError:
-        raise APIError(400, f"{param} needs structured output, which needs xgrammar on this server "
-                            f"(pip install xgrammar)", param=param) from None
 
 MAX_STOP = 16  # OpenAI 收至多 4 个；多几个无妨，可 detokenizer 每个 token 都要把每个 stop 字符串找一遍
 
@@ -852,7 +848,7 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     tools：对话模板里写上这些工具，回答里的调用切出来；reasoning：回答开头的思考切出来。"""
     _check_stream_options(req)
     stops = _stop(req)  # 先查完：坏请求不登记任何 uid
-    await _check_request_grammar(sp, _grammar(req)[0])
+    await _check_request_grammar(sp, req)
     state = get_state()
     n = req.n
     uids = state.new_users(len(prompts) * n)
@@ -1017,7 +1013,7 @@ def _tool_turn(item: Dict[str, Any], out: List[Dict[str, Any]]) -> Dict[str, Any
         if not isinstance(output, str):
             raise APIError(400, f"the output of input item {where} must be text", param="input")
         return {"role": "tool", "tool_call_id": call_id, "content": output}
-    arguments = _json_or_none(item.get("arguments")) if isinstance(item.get("arguments"), str) else None
+    arguments = json_or_none(item.get("arguments")) if isinstance(item.get("arguments"), str) else None
     if not isinstance(item.get("name"), str) or not isinstance(arguments, dict):
         raise APIError(400, f"input item {where} needs a name and arguments that are a JSON object", param="input")
     call = {"id": call_id, "type": "function", "function": {"name": item["name"], "arguments": arguments}}
@@ -1067,7 +1063,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     tools = _tools(req)
     messages = req.messages()
     sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
-    await _check_request_grammar(sp, _grammar(req)[0])  # 强制调用的 schema
+    await _check_request_grammar(sp, req)  # 强制调用的 schema
     uids = state.new_users()
     await state.send_one(TokenizeMsg(uid=uids[0], text=messages, sampling_params=sp,
                                      chat_options={"tools": tools.tools} if tools is not None else {}))

@@ -15,6 +15,21 @@ THINK_START, THINK_END = "<think>", "</think>"  # Qwen3、QwQ、DeepSeek-R1…�
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # 没给 parameters：只能是 {}
 
 
+def json_or_none(text: str) -> Any:
+    """text 按 JSON 解析出来的值；不是合法的 JSON 时 None。"""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def settled(text: str, mark: str) -> str:
+    """流式切分时 text 里现在就能交出去的那段：去掉末尾的空白和半个 mark（"<tool"、"</thi"）——后面来的文字
+    才能说明它们属于哪一边。两个切分器共用这一条规则，所以怎样分段喂都切得一样。"""
+    keep = next((m for m in range(len(mark) - 1, 0, -1) if text.endswith(mark[:m])), 0)
+    return text[:len(text) - keep].rstrip()
+
+
 @functools.lru_cache(maxsize=8)
 def _templates(model_path: str) -> Tuple[str, ...]:
     """模型目录里对话模板的原文：chat_template.jinja，或 tokenizer_config.json 的 chat_template（一个，或几个有名字
@@ -90,8 +105,7 @@ class ToolCallParser:
             k = self.buf.find(mark)
             if k < 0:
                 if not self.inside:  # 末尾的空白和半个 "<tool_call>" 先扣着：后面若是调用，它们都不算内容
-                    keep = next((m for m in range(len(mark) - 1, 0, -1) if self.buf.endswith(mark[:m])), 0)
-                    done = self.buf[:len(self.buf) - keep].rstrip()
+                    done = settled(self.buf, mark)
                     content.append(done)
                     self.buf = self.buf[len(done):]
                 return "".join(content), calls
@@ -108,9 +122,8 @@ class ToolCallParser:
     def finish(self) -> Tuple[str, List[Dict[str, Any]]]:
         text, self.buf = self.buf, ""
         if self.forced:
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError:  # max_tokens 用完、数组没写完：写了的原样算内容
+            items = json_or_none(text)
+            if items is None:  # max_tokens 用完、数组没写完：写了的原样算内容
                 return text, []
             return "", [self._make(item["name"], item["arguments"]) for item in items]
         if self.inside:  # 一个 <tool_call> 没写完就结束了：原样算内容
@@ -118,10 +131,7 @@ class ToolCallParser:
         return (text.rstrip() if self.calls else text), []  # 有调用时，最后扣着的空白不算内容
 
     def _call(self, body: str) -> Dict[str, Any] | None:
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            return None
+        obj = json_or_none(body)
         if not isinstance(obj, dict) or obj.get("name") not in self.names:
             return None
         arguments = obj.get("arguments", obj.get("parameters", {}))  # 有的模型写 parameters
@@ -162,8 +172,7 @@ class ReasoningParser:
         if self.state == "think":
             k = self.buf.find(THINK_END)
             if k < 0:  # 末尾的空白和半个 </think> 扣着
-                keep = next((m for m in range(len(THINK_END) - 1, 0, -1) if self.buf.endswith(THINK_END[:m])), 0)
-                done = self.buf[:len(self.buf) - keep].rstrip()
+                done = settled(self.buf, THINK_END)
                 self.buf = self.buf[len(done):]
                 return done, ""
             thought, self.buf = self.buf[:k].rstrip(), self.buf[k + len(THINK_END):]
