@@ -10,6 +10,7 @@ import functools
 import json
 import random
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -28,8 +29,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from minisgl.message import UserMsg, decode, encode  # noqa: E402
-from minisgl.server.tools import (ReasoningParser, ToolCallParser, forced_schema, template_thinks,  # noqa: E402
-                                  template_writes_tool_calls)
+from minisgl.server.tools import (ReasoningParser, ToolCallParser, forced_schema, prompt_opens_think,  # noqa: E402
+                                  template_thinks, template_writes_tool_calls)
 from minisgl.structured import (JSON_OBJECT_SCHEMA, Grammar, GrammarBackend, allocate_vocab_mask,  # noqa: E402
                                 apply_vocab_mask, check_grammar, fill_vocab_mask, unpack_vocab_mask)
 from minisgl.utils.hf import load_tokenizer, qwen3_tokenizer_dir  # noqa: E402
@@ -954,10 +955,14 @@ def test_reasoning_parser_any_split() -> None:
              "\n": ("", "\n"), "<thi": ("", "<thi"), "<think>\nnot done </thi": ("not done </thi", ""),
              "<think> a </think> b <think>c</think>": ("a", "b <think>c</think>")}
 
-    for text, want in cases.items():
-        assert cut(ReasoningParser(), [text]) == cut(ReasoningParser(), list(text)) == want, text
-        for k in range(len(text) + 1):
-            assert cut(ReasoningParser(), [text[:k], text[k:]]) == want, (text, k)
+    opened = {"The user wants the weather.\n</think>\n\nIt is sunny.": ("The user wants the weather.", "It is sunny."),
+              "\n<think>\nx</think>y": ("x", "y"), " still thinking \n": ("still thinking", ""), "<th": ("<th", ""),
+              "": ("", ""), "</think>\n\nHi": ("", "Hi")}  # 提示词已经以 <think> 结尾
+    for table, is_opened in [(cases, False), (opened, True)]:
+        for text, want in table.items():
+            assert cut(ReasoningParser(is_opened), [text]) == cut(ReasoningParser(is_opened), list(text)) == want, text
+            for k in range(len(text) + 1):
+                assert cut(ReasoningParser(is_opened), [text[:k], text[k:]]) == want, (text, k)
 
 def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     """Qwen3 的模板会思考：ebnf 让随机模型写出 <think>…</think> 和回答，思考进 reasoning_content，流式和非流式
@@ -971,12 +976,16 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
                     extra_body={"ebnf": f"root ::= {json.dumps(said)}", **kwargs.pop("extra_body", {})}, **kwargs)
 
     said = "<think>\nThe user wants the weather.\n</think>\n\nIt is sunny in Paris."
-    whole = c.chat.completions.create(**forced(said)).choices[0].message
+    answer = c.chat.completions.create(**forced(said), logprobs=True)
+    whole = answer.choices[0].message
     assert (whole.reasoning_content, whole.content) == ("The user wants the weather.", "It is sunny in Paris.")
-    chunks = list(c.chat.completions.create(**forced(said), stream=True))
-    assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks) == \
+    tokens = [t.token for t in answer.choices[0].logprobs.content]  # 思考的 token：到 </think> 为止，包括它
+    assert answer.usage.completion_tokens_details.reasoning_tokens == tokens.index("</think>") + 1 < len(tokens)
+    chunks = list(c.chat.completions.create(**forced(said), stream=True, stream_options={"include_usage": True}))
+    assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks[:-1]) == \
         whole.reasoning_content
-    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == whole.content
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == whole.content
+    assert chunks[-1].usage == answer.usage
     kept = c.chat.completions.create(**forced(said, extra_body={"separate_reasoning": False})).choices[0].message
     assert kept.content == said and getattr(kept, "reasoning_content", None) is None
     call = {"name": "get_time", "arguments": {}}
@@ -994,9 +1003,58 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
                                                           tokenize=False)
     assert "<think>\nCall it.\n</think>" in want
     assert again.usage.prompt_tokens == len(load_tokenizer(tiny_qwen3).encode(want, add_special_tokens=False))
-    plain = c.chat.completions.create(model="m", messages=ask, max_tokens=5, temperature=0).choices[0].message
-    assert "reasoning_content" not in plain.model_dump(exclude_unset=True)  # 没思考：没有这个键
+    plain = c.chat.completions.create(model="m", messages=ask, max_tokens=5, temperature=0)
+    assert "reasoning_content" not in plain.choices[0].message.model_dump(exclude_unset=True)  # 没思考：没有这个键
+    assert plain.usage.completion_tokens_details is None
     assert template_thinks(str(tiny_qwen3)) and not template_thinks(str(smollm2))
+    assert not prompt_opens_think(str(tiny_qwen3), "{}")  # Qwen3 的 <think> 由模型自己写
+    assert not prompt_opens_think(str(tiny_qwen3), json.dumps({"enable_thinking": False}))  # 空的思考已经关上
+
+def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
+    """模板替模型写好了 <think>（DeepSeek-R1 的蒸馏模型、Qwen3 Thinking-2507 的写法）：回答从第一个字起是思考。随机
+    模型写不出 </think>，整个回答都是思考：对话接口的 reasoning_content 就是 separate_reasoning=false 时的 content
+    （两头的空白除外），流式和非流式一样，reasoning_tokens 是全部 token；Responses 的输出只有一个 reasoning 项，事件
+    逐个核对；强制的调用不是思考（语法从第一个 token 起管着输出）。"""
+    model = tmp_path / "opened"
+    shutil.copytree(tiny_qwen3, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    head, mark, tail = config["chat_template"].rpartition("{{- '<|im_start|>assistant\\n' }}")
+    config["chat_template"] = head + "{{- '<|im_start|>assistant\\n<think>\\n' }}" + tail
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert mark and prompt_opens_think(str(model), "{}")
+    proc, port = start_server(model, tmp_path / "server.log", "--max-seq-len-override", "512")
+    try:
+        c = client(port)
+        ask = dict(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=12, temperature=0)
+        raw = c.chat.completions.create(**ask, extra_body={"separate_reasoning": False}).choices[0].message.content
+        whole = c.chat.completions.create(**ask)
+        assert (whole.choices[0].message.reasoning_content, whole.choices[0].message.content) == (raw.strip(), "")
+        assert whole.usage.completion_tokens_details.reasoning_tokens == 12 and "</think>" not in raw
+        chunks = list(c.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+        assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks[:-1]) == \
+            raw.strip() and chunks[-1].usage == whole.usage
+
+        r = c.responses.create(model="m", input="Hi", max_output_tokens=12, temperature=0)
+        assert r.status == "incomplete" and [o.type for o in r.output] == ["reasoning"]
+        assert r.output[0].content[0].text == raw.strip() and r.usage.output_tokens_details.reasoning_tokens == 12
+        events = list(c.responses.create(model="m", input="Hi", max_output_tokens=12, temperature=0, stream=True))
+        kinds = [e.type for e in events]
+        assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                             "response.content_part.added"]
+        assert kinds[-4:] == ["response.reasoning_text.done", "response.content_part.done",
+                              "response.output_item.done", "response.incomplete"]
+        assert set(kinds[4:-4]) == {"response.reasoning_text.delta"}
+        assert "".join(e.delta for e in events[4:-4]) == events[-4].text == raw.strip()
+        assert [o.type for o in events[-1].response.output] == ["reasoning"] and events[-2].item.status == "completed"
+        assert events[-1].response.output[0].content[0].text == raw.strip()
+
+        named = c.chat.completions.create(**ask | {"max_tokens": 200}, tools=TOOLS,
+                                          tool_choice={"type": "function", "function": {"name": "get_time"}})
+        message = named.choices[0].message
+        assert [t.function.name for t in message.tool_calls] == ["get_time"] and message.content is None
+        assert getattr(message, "reasoning_content", None) is None
+    finally:
+        stop_server(proc)
 
 def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
     """Responses API 的函数工具（扁平的形状）：指定函数时输出是一个空的 message 项和一个 function_call 项；流式的事件
@@ -1009,22 +1067,23 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
     named = dict(model="m", input=ask, tools=flat, tool_choice={"type": "function", "name": "get_weather"},
                  temperature=0, max_output_tokens=200)
     r = c.responses.create(**named)
-    assert r.status == "completed" and [o.type for o in r.output] == ["message", "function_call"]
-    call = r.output[1]
+    assert r.status == "completed" and [o.type for o in r.output] == ["function_call"]  # 没写文字：没有 message 项
+    call = r.output[0]
     assert call.name == "get_weather" and re.fullmatch(r"call_\d+_0", call.call_id) and call.id.startswith("fc_")
     jsonschema.validate(json.loads(call.arguments), WEATHER)
-    assert r.output[0].content[0].text == "" and r.tool_choice.name == "get_weather" and r.parallel_tool_calls
+    assert r.tool_choice.name == "get_weather" and r.parallel_tool_calls
     assert [t.name for t in r.tools] == ["get_weather", "get_time"]
     events = list(c.responses.create(**named, stream=True))
     assert [e.type for e in events] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done", "response.output_text.done",
-        "response.content_part.done", "response.output_item.done", "response.completed"]
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     done = events[-1].response
-    assert events[5].delta == events[6].arguments == done.output[1].arguments == call.arguments  # 贪心：和非流式一样
-    assert [o.type for o in done.output] == ["message", "function_call"] and done.output[1].name == "get_weather"
+    assert events[3].delta == events[4].arguments == done.output[0].arguments == call.arguments  # 贪心：和非流式一样
+    assert [o.type for o in done.output] == ["function_call"] and done.output[0].name == "get_weather"
+    plain = c.responses.create(model="m", input=ask, max_output_tokens=4, temperature=0)
+    assert [o.type for o in plain.output] == ["message"]  # 不带工具、没思考：和第 15 章一样只有一个 message 项
 
     args = {"city": "Paris", "unit": "celsius"}
     turn = [{"role": "user", "content": ask},
@@ -1046,10 +1105,20 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
                                                              tokenize=True, return_dict=True)["input_ids"])
     assert c.responses.create(model="m", input=follow, tools=flat, max_output_tokens=2,
                               temperature=0).usage.input_tokens == want
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text",
+                                                                             "text": "Call it."}]}
+    rendered[1]["reasoning_content"] = "Call it."  # 思考项送回来：成了这一轮 assistant 消息的 reasoning_content
+    want = load_tokenizer(tiny_qwen3).apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True,
+                                                          tokenize=False)
+    assert "<think>\nCall it.\n</think>" in want
+    assert c.responses.create(model="m", input=[follow[0], thought] + follow[1:], tools=flat, max_output_tokens=2,
+                              temperature=0).usage.input_tokens == len(load_tokenizer(tiny_qwen3).encode(
+                                  want, add_special_tokens=False))
 
     bad = [({"input": turn[:1] + [{**turn[1], "arguments": "{oops"}]}, "input", "arguments that are a JSON object"),
            ({"input": [turn[2] | {"call_id": None}]}, "input", "needs a call_id"),
            ({"input": [turn[2] | {"output": 3}]}, "input", "must be text"),
+           ({"input": [thought | {"content": [{"type": "summary_text", "text": "x"}]}]}, "input", "reasoning_text"),
            ({"tools": [{"type": "web_search"}]}, "tools", "tools.0"),
            ({"tools": flat, "tool_choice": {"type": "function", "name": "fly"}}, "tool_choice", "not in tools")]
     for body, param, message in bad:

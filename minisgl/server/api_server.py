@@ -9,7 +9,7 @@ import re
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Dict, List, Literal, Tuple, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Literal, Tuple, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,8 +26,8 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs, model_limits
-from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, json_or_none, template_thinks,
-                    template_writes_tool_calls)
+from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, json_or_none, prompt_opens_think,
+                    template_thinks, template_writes_tool_calls)
 
 logger = init_logger(__name__)
 T = TypeVar("T")
@@ -535,14 +535,18 @@ def _check_stream_options(req: ChatCompletionRequest | CompletionRequest) -> Non
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
 
 
-def _usage(finals: List[UserReply], n: int) -> Dict[str, Any]:
+def _usage(finals: List[UserReply], n: int, reasoning_tokens: int = 0) -> Dict[str, Any]:
     """finals：每个回答的最后一条回复，第 p 个提示词的第 j 个回答在 p*n+j。提示词各算一次（OpenAI 的算法）；
-    命中的缓存取这个提示词的几个回答里最多的：n 个回答共用一次 prefill 时，后面几个整段命中。"""
+    命中的缓存取这个提示词的几个回答里最多的：n 个回答共用一次 prefill 时，后面几个整段命中。有思考时
+    completion_tokens_details 说其中几个 token 是思考（没有思考的回答没有这个键，和第 15 章的一字不差）。"""
     groups = [finals[p:p + n] for p in range(0, len(finals), n)]
     prompt = sum(g[0].prompt_tokens for g in groups)
     completion = sum(r.completion_tokens for r in finals)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(max(r.cached_tokens for r in g) for g in groups)}}
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+             "prompt_tokens_details": {"cached_tokens": sum(max(r.cached_tokens for r in g) for g in groups)}}
+    if reasoning_tokens:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return usage
 
 def _chat_logprobs(entries: List[Dict[str, Any]] | None, top: int) -> Dict[str, Any] | None:
     """detokenizer 给的每一项已经是对话接口的形状；top_logprobs 截到这个请求要的个数。"""
@@ -575,14 +579,11 @@ class _Shape:
     top: int
     echo: List[str] | None = None  # 补全接口 echo=true 时：第 i 个回答前面的提示词
     tools: ToolCalls | None = None  # 对话请求带了 tools（tool_choice 不是 none）：回答里的调用要切出来
-    reasoning: bool = False  # 模型先在 <think>…</think> 里思考（Qwen3 一类）：那一段放进 reasoning_content
+    reasoning: Thinking | None = None  # 模型会思考（Qwen3 一类）：开头的那一段放进 reasoning_content
 
     def parser(self, uid: int) -> _Splitter | None:
         """第 uid 个回答的切分器；什么都不切时 None。调用的 id 是 call_<uid>_<k>：一个服务里不会重复。"""
-        if self.tools is None and not self.reasoning:
-            return None
-        return _Splitter(ReasoningParser() if self.reasoning else None,
-                         self.tools.parser(f"call_{uid}") if self.tools is not None else None)
+        return _splitter(self.reasoning, self.tools, uid)
 
     def finish_reason(self, reason: str | None, parser: _Splitter | None) -> str | None:
         if self.tools is None or parser is None or parser.tools is None:
@@ -590,18 +591,38 @@ class _Shape:
         return self.tools.finish_reason(reason, parser.tools)
 
 @dataclass
+class Thinking:
+    """模型怎样思考：opened 时模板已经在提示词末尾写了 <think>（见 prompt_opens_think）。"""
+
+    opened: bool = False
+
+@dataclass
 class _Splitter:
     """一个回答的切分：先切出开头的思考，剩下的再切出工具调用。"""
 
     reasoning: ReasoningParser | None
     tools: ToolCallParser | None
+    thinking: int = 0  # 喂进来时思考还没写完的回复数：一条回复一个 token
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """思考用了几个 token（usage 的 reasoning_tokens）：到 </think> 为止，包括它。"""
+        return self.thinking if self.reasoning is not None and self.reasoning.thought else 0
+
+def _splitter(reasoning: Thinking | None, tools: ToolCalls | None, uid: int) -> _Splitter | None:
+    if reasoning is None and tools is None:
+        return None
+    return _Splitter(ReasoningParser(reasoning.opened) if reasoning is not None else None,
+                     tools.parser(f"call_{uid}") if tools is not None else None)
 
 def _split(parser: _Splitter | None, text: str, finished: bool) -> Tuple[str, str, List[Dict[str, Any]]]:
-    """一段新文字 → (思考, 内容, 这一段里写完的调用)；回答结束时把扣着的也交出来。没有切分器时文字原样是内容。"""
+    """一条回复的新文字 → (思考, 内容, 这一段里写完的调用)；回答结束时把扣着的也交出来。没有切分器时文字原样是
+    内容。非流式也一条回复一条回复地喂：切出来的和整段喂一次相同，还能数出思考的 token。"""
     if parser is None:
         return "", text, []
     thought, content, calls = "", text, []
     if parser.reasoning is not None:
+        parser.thinking += parser.reasoning.state != "content"
         thought, content = parser.reasoning.feed(text)
         if finished:
             more_thought, more = parser.reasoning.finish()
@@ -657,14 +678,15 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
             yield b"".join(frames)  # 这次醒来拿到的几条回复，合成一次写出
             frames = []
         if include_usage:  # OpenAI 的约定：最后多一个 choices 为空、只带 usage 的片段
-            frames.append(_sse({**head, "choices": [], "usage": _usage([r for r in finals if r], shape.n)}))
+            thinking = sum(p.reasoning_tokens for p in parsers if p is not None)
+            frames.append(_sse({**head, "choices": [], "usage": _usage([r for r in finals if r], shape.n, thinking)}))
         yield b"".join(frames) + b"data: [DONE]\n\n"
 
     return gen()
 
 def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
     """非流式的完整响应：每个回答的文字接起来，logprobs 接起来；usage 见 _usage。"""
-    choices = []
+    choices, thinking = [], 0
     for i, replies in enumerate(groups):
         last = replies[-1]
         text = "".join(r.incremental_output for r in replies)
@@ -672,7 +694,10 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
         choice: Dict[str, Any] = {"index": i, "finish_reason": last.finish_reason}
         if shape.chat:
             parser = shape.parser(last.uid)
-            thought, content, calls = _split(parser, text, finished=True)
+            pieces = [_split(parser, r.incremental_output, r.finished) for r in replies]
+            thought, content, calls = ("".join(p[0] for p in pieces), "".join(p[1] for p in pieces),
+                                       [c for p in pieces for c in p[2]])
+            thinking += parser.reasoning_tokens if parser is not None else 0
             choice["finish_reason"] = shape.finish_reason(last.finish_reason, parser)
             message: Dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
             if thought:  # 只在真有思考时才有这个键：不思考的回答和第 15 章的一字不差
@@ -687,7 +712,7 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
             choice["logprobs"] = _completion_logprobs(entries, shape.top, len(echo))
         choices.append(choice)
     return {**shape.head, "object": "chat.completion" if shape.chat else "text_completion", "choices": choices,
-            "usage": _usage([g[-1] for g in groups], shape.n)}
+            "usage": _usage([g[-1] for g in groups], shape.n, thinking)}
 
 
 class ClientGone(Exception):
@@ -777,8 +802,20 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
-    thinks = req.separate_reasoning and bool(req.messages) and template_thinks(str(get_state().config.model_path))
-    return await _generate(req, request, [text], sp, chat=True, tools=tools, reasoning=thinks)
+    thinking = await _thinking(sp, req.chat_template_kwargs or {}) if req.separate_reasoning and req.messages \
+        else None
+    return await _generate(req, request, [text], sp, chat=True, tools=tools, reasoning=thinking)
+
+async def _thinking(sp: SamplingParams, options: Dict[str, Any]) -> Thinking | None:
+    """模型会思考时（模板里有 <think>）回答怎样切；不思考时 None。模板有没有替模型写好 <think> 可能取决于请求的
+    chat_template_kwargs，所以按它问 prompt_opens_think；第一次问要加载分词器，放进线程里，不卡住别的请求。受语法
+    约束的回答从第一个 token 起就是语法规定的样子（强制的调用、JSON），模型没有机会思考：这时不算 opened。"""
+    path = str(get_state().config.model_path)
+    if not template_thinks(path):
+        return None
+    if sp.grammar is not None:
+        return Thinking(opened=False)
+    return Thinking(opened=await asyncio.to_thread(prompt_opens_think, path, json.dumps(options, sort_keys=True)))
 
 def _tools(req: ChatCompletionRequest | ResponsesRequest) -> ToolCalls | None:
     """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。
@@ -843,7 +880,7 @@ def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest | Responses
 
 async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Request,
                     prompts: List[Any], sp: SamplingParams, chat: bool, tools: ToolCalls | None = None,
-                    reasoning: bool = False):
+                    reasoning: Thinking | None = None):
     """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。
     tools：对话模板里写上这些工具，回答里的调用切出来；reasoning：回答开头的思考切出来。"""
     _check_stream_options(req)
@@ -981,7 +1018,7 @@ class ResponsesRequest(_OpenAIRequest):
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         out: List[Dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         for item in items:
-            if item.get("type") in ("function_call", "function_call_output"):  # 上一轮的调用和它的结果
+            if item.get("type") in ("reasoning", "function_call", "function_call_output"):  # 上一轮的输出项和结果
                 turn = _tool_turn(item, out)
                 if turn is not None:
                     out.append(turn)
@@ -996,13 +1033,25 @@ class ResponsesRequest(_OpenAIRequest):
                 content = "".join(p["text"] for p in content)
             if not isinstance(content, str):
                 raise APIError(400, "a message's content must be text", param="input")
+            if role == "assistant" and out and out[-1]["role"] == "assistant" and out[-1]["content"] == "" \
+                    and "tool_calls" not in out[-1]:  # 紧跟在它的思考（reasoning 项）后面：同一条 assistant 消息
+                out[-1]["content"] = content
+                continue
             out.append({"role": "system" if role == "developer" else role, "content": content})
         return out
 
 def _tool_turn(item: Dict[str, Any], out: List[Dict[str, Any]]) -> Dict[str, Any] | None:
-    """input 里的 function_call → assistant 消息的一个 tool_calls（紧跟在 assistant 消息后面时并进去，返回 None）；
-    function_call_output → tool 消息。形状不对是 400。"""
-    call_id, where = item.get("call_id"), json.dumps(item, ensure_ascii=False)[:80]
+    """input 里上一轮的输出项 → 模板的消息：reasoning → 一条 assistant 消息的 reasoning_content；function_call →
+    assistant 消息的一个 tool_calls（紧跟在 assistant 消息后面时并进去，返回 None）；function_call_output → tool
+    消息。形状不对是 400。"""
+    where = json.dumps(item, ensure_ascii=False)[:80]
+    if item["type"] == "reasoning":  # 思考在 reasoning_text 片段里；别家的（只有摘要、加密的内容）算没有思考
+        parts = item.get("content") or []
+        if not (isinstance(parts, list) and all(isinstance(p, dict) and p.get("type") == "reasoning_text"
+                                                and isinstance(p.get("text"), str) for p in parts)):
+            raise APIError(400, f"the content of input item {where} must be reasoning_text parts", param="input")
+        return {"role": "assistant", "content": "", "reasoning_content": "".join(p["text"] for p in parts)}
+    call_id = item.get("call_id")
     if not isinstance(call_id, str):
         raise APIError(400, f"input item {where} needs a call_id", param="input")
     if item["type"] == "function_call_output":
@@ -1017,21 +1066,19 @@ def _tool_turn(item: Dict[str, Any], out: List[Dict[str, Any]]) -> Dict[str, Any
     if not isinstance(item.get("name"), str) or not isinstance(arguments, dict):
         raise APIError(400, f"input item {where} needs a name and arguments that are a JSON object", param="input")
     call = {"id": call_id, "type": "function", "function": {"name": item["name"], "arguments": arguments}}
-    if out and out[-1]["role"] == "assistant":  # 一轮里的几个调用（和它前面的文字）是一条 assistant 消息
+    if out and out[-1]["role"] == "assistant":  # 一轮里的几个调用（和它前面的思考、文字）是一条 assistant 消息
         out[-1].setdefault("tool_calls", []).append(call)
         return None
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
-def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, text: str | None,
-                     last: UserReply | None, calls: List[Dict[str, Any]] = ()) -> Dict[str, Any]:
-    """Responses API 的响应对象。last 是最后一条回复：None 时是刚开始（还没有输出）。output 里先是文字的 message 项
-    （总有一个，没写文字时是空的），再是每个调用一个 function_call 项。"""
+def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, last: UserReply | None,
+                     output: List[Dict[str, Any]], reasoning_tokens: int = 0) -> Dict[str, Any]:
+    """Responses API 的响应对象。last 是最后一条回复：None 时是刚开始（还没有输出）。output 是 _Output 建好的项。"""
     status = "in_progress" if last is None else "incomplete" if last.finish_reason == "length" else "completed"
     choice = req.tool_choice if req.tool_choice is not None else "auto" if req.tools else "none"
     obj: Dict[str, Any] = {
         "id": f"resp_{rid}", "object": "response", "created_at": created, "status": status, "model": model,
-        "output": [] if last is None else
-        [_message_item(rid, text or "", "completed")] + [_function_call_item(rid, c, "completed") for c in calls],
+        "output": [] if last is None else output,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
         "temperature": req.temperature, "top_p": 1.0 if req.top_p is None else req.top_p,
         "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": choice if isinstance(choice, str)
@@ -1042,10 +1089,16 @@ def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, 
         obj["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.completion_tokens,
                         "total_tokens": last.prompt_tokens + last.completion_tokens,
                         "input_tokens_details": {"cached_tokens": last.cached_tokens},
-                        "output_tokens_details": {"reasoning_tokens": 0}}
+                        "output_tokens_details": {"reasoning_tokens": reasoning_tokens}}
     return obj
 
-def _message_item(rid: str, text: str | None, status: str) -> Dict[str, Any]:
+_TEXT_ITEMS = {"reasoning": ("rs", "reasoning_text"), "message": ("msg", "output_text")}  # id 的前缀，文字片段的类型
+
+def _text_item(kind: str, rid: str, text: str | None, status: str) -> Dict[str, Any]:
+    """思考（reasoning 项）或文字（message 项）。text 是 None 时（刚加入、还没写）content 是空的。"""
+    if kind == "reasoning":
+        content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+        return {"type": "reasoning", "id": f"rs_{rid}", "summary": [], "content": content, "status": status}
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": content}
 
@@ -1053,6 +1106,75 @@ def _function_call_item(rid: str, call: Dict[str, Any], status: str) -> Dict[str
     """一个调用的输出项。id 是这个输出项的名字；call_id 是调用的名字，客户端送回结果时用它对上号。"""
     return {"type": "function_call", "id": f"fc_{rid}_{call['index']}", "call_id": call["id"], "name": call["name"],
             "arguments": call["arguments"] if status == "completed" else "", "status": status}
+
+class _Output:
+    """一个回答的输出项，一条回复一条回复地建起来：思考是 reasoning 项，文字是 message 项，每个调用一个
+    function_call 项，按出现的先后排 output_index。feed 返回这条回复引出的事件（流式时发出去，非流式时丢掉）；
+    回答结束后 items 就是响应的 output。什么也没写的回答有一个空的 message 项。"""
+
+    def __init__(self, rid: str, parser: _Splitter | None, event: Callable[..., bytes]) -> None:
+        self.rid, self.parser, self.event = rid, parser, event
+        self.items: List[Dict[str, Any]] = []
+        self.open: Dict[str, int] = {}  # 还在写的文字项（reasoning / message）→ 它的 output_index
+        self.texts: Dict[str, str] = {}
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.parser.reasoning_tokens if self.parser is not None else 0
+
+    def feed(self, ack: UserReply) -> List[bytes]:
+        thought, text, calls = _split(self.parser, ack.incremental_output, ack.finished)
+        frames = self._write("reasoning", thought) if thought else []
+        if text or calls:  # 思考写完了
+            frames += self._close("reasoning")
+        if text:
+            frames += self._write("message", text)
+        for call in calls:  # 写完一个调用：它的输出项从加入到完成，参数一次给全
+            at = dict(item_id=f"fc_{self.rid}_{call['index']}", output_index=len(self.items))
+            self.items.append(_function_call_item(self.rid, call, "completed"))
+            frames += [self.event("response.output_item.added", output_index=at["output_index"],
+                                  item=_function_call_item(self.rid, call, "in_progress")),
+                       self.event("response.function_call_arguments.delta", **at, delta=call["arguments"]),
+                       self.event("response.function_call_arguments.done", **at, arguments=call["arguments"]),
+                       self.event("response.output_item.done", output_index=at["output_index"],
+                                  item=self.items[-1])]
+        if ack.finished:
+            if not self.items:
+                frames += self._write("message", "")
+            frames += self._close("reasoning") + self._close("message")
+        return frames
+
+    def _where(self, kind: str) -> Dict[str, Any]:
+        return dict(item_id=f"{_TEXT_ITEMS[kind][0]}_{self.rid}", output_index=self.open[kind], content_index=0)
+
+    def _text_event(self, kind: str, what: str, **body: Any) -> bytes:
+        """文字项的 delta / done 事件；response.output_text.* 还带一个 logprobs（我们不给，是空的）。"""
+        extra = {"logprobs": []} if kind == "message" else {}
+        return self.event(f"response.{_TEXT_ITEMS[kind][1]}.{what}", **self._where(kind), **body, **extra)
+
+    def _write(self, kind: str, delta: str) -> List[bytes]:
+        """往一个文字项里写一段；还没有这一项时先加入它（output_item.added、content_part.added）。"""
+        frames = []
+        if kind not in self.open:
+            self.open[kind], self.texts[kind] = len(self.items), ""
+            self.items.append(_text_item(kind, self.rid, None, "in_progress"))
+            frames += [self.event("response.output_item.added", output_index=self.open[kind], item=self.items[-1]),
+                       self.event("response.content_part.added", **self._where(kind),
+                                  part=_text_item(kind, self.rid, "", "in_progress")["content"][0])]
+        self.texts[kind] += delta
+        return frames + ([self._text_event(kind, "delta", delta=delta)] if delta else [])
+
+    def _close(self, kind: str) -> List[bytes]:
+        """一个文字项写完了：它的 done 事件（文字、片段、项）；没有这一项、或已经关了时什么也不发。"""
+        if kind not in self.open:
+            return []
+        k, text = self.open[kind], self.texts[kind]
+        self.items[k] = _text_item(kind, self.rid, text, "completed")
+        frames = [self._text_event(kind, "done", text=text),
+                  self.event("response.content_part.done", **self._where(kind), part=self.items[k]["content"][0]),
+                  self.event("response.output_item.done", output_index=k, item=self.items[k])]
+        del self.open[kind]
+        return frames
 
 @app.post("/v1/responses")
 async def v1_responses(req: ResponsesRequest, request: Request):
@@ -1064,19 +1186,22 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     messages = req.messages()
     sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
     await _check_request_grammar(sp, req)  # 强制调用的 schema
+    thinking = await _thinking(sp, {})
     uids = state.new_users()
     await state.send_one(TokenizeMsg(uid=uids[0], text=messages, sampling_params=sp,
                                      chat_options={"tools": tools.tools} if tools is not None else {}))
     await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param=_max_tokens_param(req)),
                                    uids, request)
     rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
-    parser = _Splitter(None, tools.parser(f"call_{uids[0]}")) if tools is not None else None  # 思考不切：留在文字里
+    parser = _splitter(thinking, tools, uids[0])
     if not req.stream:
         replies = (await state.collect_with_cancellation(uids, request))[0]
         if replies[-1].finish_reason == "error":
             raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
-        _, text, calls = _split(parser, "".join(r.incremental_output for r in replies), finished=True)
-        return _response_object(req, rid, created, model, text, replies[-1], calls)
+        output = _Output(rid, parser, lambda kind, **body: b"")
+        for reply in replies:
+            output.feed(reply)
+        return _response_object(req, rid, created, model, replies[-1], output.items, output.reasoning_tokens)
 
     async def events() -> AsyncIterator[bytes]:
         seq = 0
@@ -1086,13 +1211,9 @@ async def v1_responses(req: ResponsesRequest, request: Request):
             seq += 1
             return f"event: {kind}\n".encode() + _sse({"type": kind, "sequence_number": seq - 1, **body})
 
-        where = dict(item_id=f"msg_{rid}", output_index=0, content_index=0)
-        start = _response_object(req, rid, created, model, None, None)
-        yield (event("response.created", response=start) + event("response.in_progress", response=start)
-               + event("response.output_item.added", output_index=0, item=_message_item(rid, None, "in_progress"))
-               + event("response.content_part.added", **where,
-                       part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
-        text, calls = "", []
+        output = _Output(rid, parser, event)
+        start = _response_object(req, rid, created, model, None, [])
+        yield event("response.created", response=start) + event("response.in_progress", response=start)
         async for replies in state.wait_for_replies(uids):
             frames = []
             for _, ack in replies:
@@ -1100,25 +1221,10 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                     yield event("error", code="server_error", message=f"the server is shutting down: {state.dead}",
                                 param=None)
                     return
-                _, delta, new_calls = _split(parser, ack.incremental_output, ack.finished)
-                if delta:
-                    text += delta
-                    frames.append(event("response.output_text.delta", **where, delta=delta, logprobs=[]))
-                for call in new_calls:  # 写完一个调用：它的输出项从加入到完成，参数一次给全
-                    at = dict(item_id=f"fc_{rid}_{call['index']}", output_index=1 + call["index"])
-                    frames += [event("response.output_item.added", output_index=at["output_index"],
-                                     item=_function_call_item(rid, call, "in_progress")),
-                               event("response.function_call_arguments.delta", **at, delta=call["arguments"]),
-                               event("response.function_call_arguments.done", **at, arguments=call["arguments"]),
-                               event("response.output_item.done", output_index=at["output_index"],
-                                     item=_function_call_item(rid, call, "completed"))]
-                calls += new_calls
+                frames += output.feed(ack)
                 if ack.finished:
-                    done = _response_object(req, rid, created, model, text, ack, calls)
-                    frames += [event("response.output_text.done", **where, text=text, logprobs=[]),
-                               event("response.content_part.done", **where, part=done["output"][0]["content"][0]),
-                               event("response.output_item.done", output_index=0, item=done["output"][0]),
-                               event(f"response.{done['status']}", response=done)]
+                    done = _response_object(req, rid, created, model, ack, output.items, output.reasoning_tokens)
+                    frames.append(event(f"response.{done['status']}", response=done))
             yield b"".join(frames)
 
     return StreamingResponse(state.stream_with_cancellation(events(), uids), media_type="text/event-stream")

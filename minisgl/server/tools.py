@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
+from minisgl.utils.hf import load_tokenizer
+
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # Qwen2.5、Qwen3、Hermes……的调用格式
 THINK_START, THINK_END = "<think>", "</think>"  # Qwen3、QwQ、DeepSeek-R1……的思考
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # 没给 parameters：只能是 {}
@@ -50,6 +52,23 @@ def template_writes_tool_calls(model_path: str) -> bool:
 def template_thinks(model_path: str) -> bool:
     """这个模型会不会先在 <think>…</think> 里思考（模板里提到它：Qwen3 的模板在多轮对话里去掉上一轮的思考）。"""
     return any(THINK_START in t for t in _templates(model_path))
+
+
+@functools.lru_cache(maxsize=32)
+def prompt_opens_think(model_path: str, options: str) -> bool:
+    """模板是不是替模型写好了 <think>：套上模板、加上生成提示的提示词以 <think> 结尾。DeepSeek-R1 的蒸馏模型、
+    Qwen3 的 Thinking-2507 是这样，回答里只有思考的正文和 </think>；Qwen3 原版不是（<think> 由模型自己写）。
+    options：请求的 chat_template_kwargs（JSON 文本，作缓存的键）。拿一条消息套一次模板就知道；第一次要加载分词器
+    （一秒上下），之后查缓存。"""
+    try:
+        prompt = _tokenizer(model_path).apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                                            add_generation_prompt=True, **json.loads(options))
+    except Exception:  # 模板不认这些选项：请求本身在分词进程里会得到 400
+        return False
+    return prompt.rstrip().endswith(THINK_START)
+
+
+_tokenizer = functools.lru_cache(maxsize=1)(load_tokenizer)
 
 
 def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool) -> Dict[str, Any]:
@@ -146,12 +165,15 @@ class ToolCallParser:
 class ReasoningParser:
     """回答开头的 <think>…</think> → 思考（reasoning_content），其余是内容；不以 <think> 开头的回答全是内容。和
     ToolCallParser 一样可以一段一段地喂，两种喂法切得一样：开头还看不出来（空白、"<thi"）时先扣着；思考和其后内容
-    两头的空白不算（末尾的空白和半个 </think> 先扣着）。"""
+    两头的空白不算（末尾的空白和半个 </think> 先扣着）。opened：提示词已经以 <think> 结尾（prompt_opens_think），
+    回答从第一个字起就是思考，直到 </think>（它若又写了一个 <think>，去掉）。"""
 
-    def __init__(self) -> None:
+    def __init__(self, opened: bool = False) -> None:
         self.buf = ""
+        self.opened = opened
         self.state = "start"  # start：还不知道有没有思考 → think：在思考里 → content：之后都是内容
         self.lead = False  # 刚进入思考、刚出思考：开头的空白不算
+        self.thought = False  # 有思考（进过 think）：usage 的 reasoning_tokens 才算数
 
     def feed(self, text: str) -> Tuple[str, str]:
         """喂一段新文字，返回 (这次能交出的思考, 这次能交出的内容)。"""
@@ -160,8 +182,9 @@ class ReasoningParser:
             head = self.buf.lstrip()
             if len(head) < len(THINK_START) and THINK_START.startswith(head):
                 return "", ""  # 空白，或 "<thi" 这样的半个标记：再等一段
-            if head.startswith(THINK_START):
-                self.state, self.buf, self.lead = "think", head[len(THINK_START):], True
+            if head.startswith(THINK_START) or self.opened:
+                self.state, self.lead, self.thought = "think", True, True
+                self.buf = head.removeprefix(THINK_START)
             else:
                 self.state = "content"
         if self.lead:
@@ -182,8 +205,10 @@ class ReasoningParser:
         return "", content
 
     def finish(self) -> Tuple[str, str]:
-        """回答结束：扣着的交出来。没写完的思考仍算思考；只有空白或半个 "<think>" 的回答，原样是内容。"""
+        """回答结束：扣着的交出来。没写完的思考仍算思考；只有空白或半个 "<think>" 的回答，原样是内容（opened 时
+        是思考）。"""
         text, self.buf = self.buf, ""
-        if self.state == "think":
-            return text.rstrip(), ""
+        if self.state == "think" or (self.state == "start" and self.opened):
+            self.thought = True
+            return (text.lstrip() if self.state == "start" else text).rstrip(), ""
         return "", "" if self.lead else text
