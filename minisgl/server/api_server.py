@@ -985,8 +985,8 @@ class ResponsesToolChoice(_Strict):
     name: str
 
 class ResponsesRequest(_OpenAIRequest):
-    """/v1/responses 的请求：文字进、文字出，加上函数工具（附录）。没有推理、不存响应（所以也没有
-    previous_response_id）：多轮对话由客户端把上一轮的输出项（包括 function_call）和工具的结果放进 input。"""
+    """/v1/responses 的请求：文字进、文字出，加上函数工具和思考（附录）。不存响应（所以也没有
+    previous_response_id）：多轮对话由客户端把上一轮的输出项（reasoning、function_call……）和工具的结果放进 input。"""
 
     input: str | List[Dict[str, Any]]  # 一句话，或者 [{"role": ..., "content": 文字或 input_text 片段}, ...]
     instructions: str | None = None  # 放在最前面的 system 消息
