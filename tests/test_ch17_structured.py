@@ -1082,8 +1082,11 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
     done = events[-1].response
     assert events[3].delta == events[4].arguments == done.output[0].arguments == call.arguments  # 贪心：和非流式一样
     assert [o.type for o in done.output] == ["function_call"] and done.output[0].name == "get_weather"
-    plain = c.responses.create(model="m", input=ask, max_output_tokens=4, temperature=0)
+    plain = c.responses.create(model="m", input=ask, max_output_tokens=4, temperature=0, include=[])  # Agents SDK 总带着它
     assert [o.type for o in plain.output] == ["message"]  # 不带工具、没思考：和第 15 章一样只有一个 message 项
+    assert c.responses.create(model="m", input=ask, max_output_tokens=4, temperature=0,
+                              include=["reasoning.encrypted_content"]).output[0].content[0].text == \
+        plain.output[0].content[0].text
 
     args = {"city": "Paris", "unit": "celsius"}
     turn = [{"role": "user", "content": ask},
@@ -1119,6 +1122,7 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
            ({"input": [turn[2] | {"call_id": None}]}, "input", "needs a call_id"),
            ({"input": [turn[2] | {"output": 3}]}, "input", "must be text"),
            ({"input": [thought | {"content": [{"type": "summary_text", "text": "x"}]}]}, "input", "reasoning_text"),
+           ({"include": ["message.output_text.logprobs"]}, "include", "reasoning.encrypted_content"),
            ({"tools": [{"type": "web_search"}]}, "tools", "tools.0"),
            ({"tools": flat, "tool_choice": {"type": "function", "name": "fly"}}, "tool_choice", "not in tools")]
     for body, param, message in bad:
