@@ -14,9 +14,10 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
+from typing import Any, Dict, Iterator, List, Literal, NamedTuple, Tuple
 
 import httpx
+import pydantic
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -1009,6 +1010,40 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     assert template_thinks(str(tiny_qwen3)) and not template_thinks(str(smollm2))
     assert not prompt_opens_think(str(tiny_qwen3), "{}")  # Qwen3 的 <think> 由模型自己写
     assert not prompt_opens_think(str(tiny_qwen3), json.dumps({"enable_thinking": False}))  # 空的思考已经关上
+
+def test_server_responses_text_format(server) -> None:
+    """Responses API 的 text.format：json_schema（官方客户端的 responses.parse 从 pydantic 模型生成它）解析得出模型，
+    流式拼起来和非流式相同，响应里写着这个格式；json_object 的输出和对话接口的 response_format 逐字相同（同一个
+    提示词、同一个语法）；坏的格式是 400、指明 text，和强制调用一起给是 400。"""
+    port, _ = server
+    c = client(port)
+
+    class Weather(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=12)
+        unit: Literal["celsius", "fahrenheit"]
+
+    ask = dict(model="m", input="What is the weather in Paris?", max_output_tokens=200, temperature=0)
+    r = c.responses.parse(**ask, text_format=Weather)
+    assert r.status == "completed" and isinstance(r.output_parsed, Weather)
+    fmt = r.text.format.model_dump(by_alias=True, exclude_none=True)
+    assert fmt["type"] == "json_schema" and fmt["name"] == "Weather" and fmt["schema"]["properties"]["city"]["maxLength"] == 12
+    events = list(c.responses.create(**ask, text={"format": fmt}, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+    assert events[-1].response.text.format.name == "Weather"
+    obj = c.responses.create(**ask | {"input": "x"}, text={"format": {"type": "json_object"}})
+    chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=200,
+                                     temperature=0, response_format={"type": "json_object"})
+    assert obj.output_text == chat.choices[0].message.content and obj.text.format.type == "json_object"
+    bad = [({"text": {"format": {"type": "json_schema", "name": "a"}}}, "text", 'needs "name" and "schema"'),
+           ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "array", "uniqueItems": True}}}},
+            "text", "text: "),
+           ({"text": {"verbosity": "high"}}, "text", "text.verbosity"),
+           ({"text": {"format": {"type": "json_object"}}, "tools": [{"type": "function", "name": "f"}],
+             "tool_choice": "required"}, "tool_choice", "cannot be combined with text")]
+    for body, param, message in bad:
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={**ask, **body}, timeout=60)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == param and message in error["message"], error
 
 def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
     """模板替模型写好了 <think>（DeepSeek-R1 的蒸馏模型、Qwen3 Thinking-2507 的写法）：回答从第一个字起是思考。随机

@@ -475,17 +475,20 @@ def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesR
         raise APIError(400, message, param=message.split("=")[0]) from None
 
 def _grammar(req: Any) -> Tuple[str | None, Dict[str, str]]:
-    """response_format / regex / ebnf → SamplingParams 的 json_schema / regex / ebnf：(请求里的参数名, 字段)。
+    """response_format（Responses API 是 text.format）/ regex / ebnf → SamplingParams 的 json_schema / regex / ebnf：
+    (请求里的参数名, 字段)。
     json_object 是"任意一个 JSON 对象"的 schema；{"type": "text"} 和没给一样。"""
     given: List[Tuple[str, str, str]] = []  # (参数名, 字段名, 原文)
-    fmt = getattr(req, "response_format", None)
+    fmt, where = getattr(req, "response_format", None), "response_format"
+    if isinstance(req, ResponsesRequest):  # Responses API 的格式在 text 里
+        fmt, where = req.text.response_format() if req.text is not None else None, "text"
     if fmt is not None and fmt.type == "json_object":
-        given.append(("response_format", "json_schema", JSON_OBJECT_SCHEMA))
+        given.append((where, "json_schema", JSON_OBJECT_SCHEMA))
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
             raise APIError(400, 'response_format of type "json_schema" needs "json_schema": {"name": ..., '
                                 '"schema": {...}}', param="response_format")
-        given.append(("response_format", "json_schema", json.dumps(fmt.json_schema.schema_, ensure_ascii=False)))
+        given.append((where, "json_schema", json.dumps(fmt.json_schema.schema_, ensure_ascii=False)))
     for name in ("regex", "ebnf"):
         if getattr(req, name, None) is not None:
             given.append((name, name, getattr(req, name)))
@@ -518,7 +521,7 @@ async def _check_request_grammar(sp: SamplingParams, req: Any = None) -> None:
         if isinstance(e, ImportError):
             raise APIError(400, f"{param} needs structured output, which needs xgrammar on this server "
                                 f"(pip install xgrammar)", param=param) from None
-        raise APIError(400, f"{param}: {e}" if param in ("response_format", "tool_choice") else str(e),
+        raise APIError(400, f"{param}: {e}" if param in ("response_format", "text", "tool_choice") else str(e),
                        param=param) from None
 
 MAX_STOP = 16  # OpenAI 收至多 4 个；多几个无妨，可 detokenizer 每个 token 都要把每个 stop 字符串找一遍
@@ -984,6 +987,29 @@ class ResponsesToolChoice(_Strict):
     type: Literal["function"]
     name: str
 
+class ResponsesTextFormat(_Strict):
+    """Responses API 的输出格式：和 response_format 一样三种，只是 json_schema 的名字和 schema 摊平在这一层。"""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    schema_: Dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+class ResponsesText(_Strict):
+    format: ResponsesTextFormat | None = None
+    verbosity: Literal["medium"] | None = None  # GPT-5 的回答详略：我们只有模型自己的详略，也就是默认的 medium
+
+    def response_format(self) -> ResponseFormat | None:
+        """换成对话接口的 response_format：_grammar 只有一条路。"""
+        f = self.format
+        if f is None or f.type != "json_schema":
+            return None if f is None else ResponseFormat(type=f.type)
+        if f.name is None or f.schema_ is None:
+            raise APIError(400, 'text.format of type "json_schema" needs "name" and "schema"', param="text")
+        return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+            name=f.name, schema=f.schema_, description=f.description, strict=f.strict))
+
 class ResponsesRequest(_OpenAIRequest):
     """/v1/responses 的请求：文字进、文字出，加上函数工具和思考（附录）。不存响应（所以也没有
     previous_response_id）：多轮对话由客户端把上一轮的输出项（reasoning、function_call……）和工具的结果放进 input。"""
@@ -994,7 +1020,7 @@ class ResponsesRequest(_OpenAIRequest):
     temperature: float = 1.0
     top_p: float | None = None
     stream: bool | None = False  # null 和 false 一样（sglang-router 转发时是 null）
-    text: Dict[str, Any] | None = None  # 只认 {"format": {"type": "text"}}（默认）
+    text: ResponsesText | None = None  # 输出的格式：文字（默认）、json_object 或 json_schema（约束解码）
     truncation: Literal["disabled"] | None = None  # "auto" 会悄悄丢掉对话的开头：不支持
     # sglang-router 转发这个接口时带上的字段（附录）：三个采样参数照办，priority 只认默认的 0
     top_k: int | None = None
@@ -1086,6 +1112,8 @@ def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, 
         "temperature": req.temperature, "top_p": 1.0 if req.top_p is None else req.top_p,
         "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": choice if isinstance(choice, str)
         else choice.model_dump(), "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "text": {"format": req.text.format.model_dump(by_alias=True, exclude_none=True)
+                 if req.text is not None and req.text.format is not None else {"type": "text"}},
         "store": False, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None, "usage": None}
     if last is not None:
@@ -1182,8 +1210,6 @@ class _Output:
 @app.post("/v1/responses")
 async def v1_responses(req: ResponsesRequest, request: Request):
     """OpenAI 的 Responses API，文字部分：非流式一个 response 对象；流式是一串带名字的事件（event: 类型）。"""
-    if req.text not in (None, {"format": {"type": "text"}}):
-        raise APIError(400, f"text={json.dumps(req.text)[:80]} is not supported: only plain text output", param="text")
     state = get_state()
     tools = _tools(req)
     messages = req.messages()
