@@ -29,7 +29,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
-from minisgl.message import UserMsg, decode, encode  # noqa: E402
+from minisgl.message import UserMsg, UserReply, decode, encode  # noqa: E402
 from minisgl.server.tools import (ReasoningParser, ToolCallParser, forced_schema, prompt_opens_think,  # noqa: E402
                                   template_thinks, template_writes_tool_calls)
 from minisgl.structured import (JSON_OBJECT_SCHEMA, Grammar, GrammarBackend, allocate_vocab_mask,  # noqa: E402
@@ -1010,6 +1010,40 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     assert template_thinks(str(tiny_qwen3)) and not template_thinks(str(smollm2))
     assert not prompt_opens_think(str(tiny_qwen3), "{}")  # Qwen3 的 <think> 由模型自己写
     assert not prompt_opens_think(str(tiny_qwen3), json.dumps({"enable_thinking": False}))  # 空的思考已经关上
+
+def test_responses_output_items() -> None:
+    """Responses 的输出项由 _Output 一条回复一条回复地建：思考、文字、调用依次成为 reasoning、message、function_call
+    项，output_index 按出现的先后。一个字符一条回复地喂，和整段一条回复，最后的项相同；每一项的事件从 added 开始、
+    到 done 结束，delta 拼起来就是项里的文字（调用是参数）；思考在文字出现之前写完；reasoning_tokens 是到 </think>
+    为止的回复数。端到端的测试里随机模型写不出 </think>，这里把三种项的交接都走一遍。"""
+    from minisgl.server.api_server import Thinking, _Output, _splitter
+    from minisgl.server.tools import ToolCalls
+
+    said = '<think>\nPlan it.\n</think>\n\nChecking.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+
+    def run(pieces: List[str]) -> Tuple[_Output, List[Tuple[str, Dict[str, Any]]]]:
+        events: List[Tuple[str, Dict[str, Any]]] = []
+        out = _Output("7", _splitter(Thinking(), ToolCalls(TOOLS), 7), lambda kind, **body: events.append((kind, body))
+                      or b"")
+        for k, piece in enumerate(pieces):
+            last = k == len(pieces) - 1
+            out.feed(UserReply(uid=7, incremental_output=piece, finished=last, finish_reason="stop" if last else None))
+        return out, events
+
+    whole, _ = run([said])
+    assert [item["type"] for item in whole.items] == ["reasoning", "message", "function_call"]
+    assert (whole.items[0]["content"][0]["text"], whole.items[1]["content"][0]["text"]) == ("Plan it.", "Checking.")
+    assert whole.items[2]["name"] == "get_time" and whole.items[2]["call_id"] == "call_7_0"
+    out, events = run(list(said) + [""])
+    assert out.items == whole.items and out.reasoning_tokens == said.index("</think>") + len("</think>")
+    for index, item in enumerate(out.items):
+        mine = [(kind, body) for kind, body in events if body.get("output_index") == index]
+        assert mine[0][0] == "response.output_item.added" and mine[-1] == ("response.output_item.done",
+                                                                            {"output_index": index, "item": item})
+        written = "".join(body["delta"] for kind, body in mine if kind.endswith(".delta"))
+        assert written == (item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"])
+    kinds = [kind for kind, _ in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
 
 def test_server_responses_text_format(server) -> None:
     """Responses API 的 text.format：json_schema（官方客户端的 responses.parse 从 pydantic 模型生成它）解析得出模型，
