@@ -858,6 +858,7 @@ def test_forced_tool_calls_are_valid(vocab: Vocab, name: str | None, parallel: b
 def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
     """官方客户端发工具调用，服务是随机的小 Qwen3（真实的 Qwen3 对话模板）：
     - auto：用 ebnf 让模型写出一段话和两个 <tool_call>，切出来的内容和调用流式、非流式一样，finish_reason 是 tool_calls；
+      parallel_tool_calls=false 时只交出第一个；
     - required（只调一个，n=2 采样）和指定函数（流式和非流式一样，finish_reason 是 stop）：调用的参数通过校验；
     - none：工具不进提示词；多轮对话里的调用和结果按模板写进提示词，token 数和分词器自己套模板的一样；
     - 坏请求都是 400、指明参数；最后所有请求槽和 KV 页都回来。"""
@@ -881,6 +882,11 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
     assert [(t.index, t.function.name, json.loads(t.function.arguments)) for t in streamed] == \
         [(k, *call) for k, call in enumerate(calls)]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    for stream in (False, True):  # parallel_tool_calls=false：模型自己写了两个，只交出第一个
+        answer = c.chat.completions.create(**auto, parallel_tool_calls=False, stream=stream)
+        one = [t for ch in answer for t in ch.choices[0].delta.tool_calls or []] if stream else \
+            answer.choices[0].message.tool_calls
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in one] == calls[:1]
 
     r = c.chat.completions.create(model="m", messages=ask, tools=TOOLS, tool_choice="required",
                                   parallel_tool_calls=False, n=2, temperature=1.0, seed=3, max_tokens=200)

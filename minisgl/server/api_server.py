@@ -823,7 +823,7 @@ async def _thinking(sp: SamplingParams, options: Dict[str, Any]) -> Thinking | N
 def _tools(req: ChatCompletionRequest | ResponsesRequest) -> ToolCalls | None:
     """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。
     没有工具时 auto 和 none 一样（没什么可调的）；必须调用却没有工具，是 400。"""
-    tools, choice, _ = req.tool_view()
+    tools, choice, parallel = req.tool_view()
     if not tools:
         if choice not in ("none", "auto"):
             raise APIError(400, "a forced tool_choice needs a non-empty tools list", param="tool_choice")
@@ -840,7 +840,7 @@ def _tools(req: ChatCompletionRequest | ResponsesRequest) -> ToolCalls | None:
                             "<tool_call>{...}</tool_call> (Qwen2.5, Qwen3, Hermes, ...); this model's does not",
                        param="tools")
     return ToolCalls([t.model_dump(exclude_none=True) for t in tools], forced=choice != "auto",
-                     named=isinstance(choice, NamedToolChoice))
+                     named=isinstance(choice, NamedToolChoice), parallel=parallel)
 
 @app.post("/v1/completions")
 async def v1_completions(req: CompletionRequest, request: Request):

@@ -86,14 +86,16 @@ def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool)
 @dataclass
 class ToolCalls:
     """一个对话请求的工具设定。tools：OpenAI 形状的工具（也原样交给对话模板）；forced：tool_choice 是 required 或
-    指定了函数，输出由语法限定成调用的 JSON 数组；named：指定了函数（OpenAI 这时的 finish_reason 是 stop）。"""
+    指定了函数，输出由语法限定成调用的 JSON 数组；named：指定了函数（OpenAI 这时的 finish_reason 是 stop）；
+    parallel：parallel_tool_calls，false 时一个回答至多交出一个调用。"""
 
     tools: List[Dict[str, Any]]
     forced: bool = False
     named: bool = False
+    parallel: bool = True
 
     def parser(self, id_prefix: str) -> ToolCallParser:
-        return ToolCallParser({t["function"]["name"] for t in self.tools}, self.forced, id_prefix)
+        return ToolCallParser({t["function"]["name"] for t in self.tools}, self.forced, id_prefix, self.parallel)
 
     def finish_reason(self, reason: str | None, parser: ToolCallParser) -> str | None:
         """模型正常写完（stop）、写出了调用：tool_calls；指定了函数时 OpenAI 仍说 stop。"""
@@ -106,10 +108,10 @@ class ToolCallParser:
 
     不强制时：<tool_call> 和 </tool_call> 之间是 {"name": 声明过的工具, "arguments": 对象} 就是一次调用，否则原样
     算内容；紧挨在调用前面的空白、有调用时回答末尾的空白不算内容。强制时：整个输出是语法保证了的调用数组，结束时
-    一起解析。"""
+    一起解析（语法已经管着个数）。parallel=False 时不强制的回答里第一个之后的调用丢掉：客户端说了只要一个。"""
 
-    def __init__(self, names: Set[str], forced: bool, id_prefix: str) -> None:
-        self.names, self.forced, self.id_prefix = names, forced, id_prefix
+    def __init__(self, names: Set[str], forced: bool, id_prefix: str, parallel: bool = True) -> None:
+        self.names, self.forced, self.id_prefix, self.parallel = names, forced, id_prefix, parallel
         self.buf = ""  # 还定不下来的文字
         self.inside = False  # buf 在一个 <tool_call> 里
         self.calls = 0  # 交出去了几个调用
@@ -134,7 +136,7 @@ class ToolCallParser:
                 content.append(head.rstrip())  # 紧挨在调用前面的空白不算内容
             elif call is None:  # 不是合法的调用：原样还给内容
                 content.append(TOOL_CALL_START + head + TOOL_CALL_END)
-            else:
+            elif call["index"] == 0 or self.parallel:
                 calls.append(call)
             self.inside = not self.inside
 
