@@ -54,6 +54,9 @@ def template_thinks(model_path: str) -> bool:
     return any(THINK_START in t for t in _templates(model_path))
 
 
+_tokenizer = functools.lru_cache(maxsize=1)(load_tokenizer)  # 服务进程里只有 prompt_opens_think 用它
+
+
 @functools.lru_cache(maxsize=32)
 def prompt_opens_think(model_path: str, options: str) -> bool:
     """模板是不是替模型写好了 <think>：套上模板、加上生成提示的提示词以 <think> 结尾。DeepSeek-R1 的蒸馏模型、
@@ -66,9 +69,6 @@ def prompt_opens_think(model_path: str, options: str) -> bool:
     except Exception:  # 模板不认这些选项：请求本身在分词进程里会得到 400
         return False
     return prompt.rstrip().endswith(THINK_START)
-
-
-_tokenizer = functools.lru_cache(maxsize=1)(load_tokenizer)
 
 
 def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool) -> Dict[str, Any]:
