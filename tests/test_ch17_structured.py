@@ -1017,6 +1017,31 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     assert not prompt_opens_think(str(tiny_qwen3), "{}")  # Qwen3 的 <think> 由模型自己写
     assert not prompt_opens_think(str(tiny_qwen3), json.dumps({"enable_thinking": False}))  # 空的思考已经关上
 
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(words=st.lists(st.sampled_from(["<think>", "</think>", "<tool_call>", "</tool_call>", "<", "/", "think>",
+                                       "_call>", " ", "\n", "Hi", '{"name": "get_time", "arguments": {}}', "{",
+                                       '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>']),
+                      max_size=16),
+       cuts=st.lists(st.integers(0, 300), max_size=6), opened=st.booleans(), parallel=st.booleans())
+def test_splitters_any_split(words: List[str], cuts: List[int], opened: bool, parallel: bool) -> None:
+    """服务里两个切分器串在一起（_split：先切思考，剩下的再切调用）：随机拼出来的文字（标记、半个标记、空白、
+    调用）在随机的几处切开、在每一处切成两段、一个字符一个字符地喂，切出的思考、内容和调用都和整段喂一次相同。"""
+    from minisgl.server.api_server import Thinking, _split, _splitter
+    from minisgl.server.tools import ToolCalls
+
+    def run(pieces: List[str]) -> Tuple[str, str, List[Dict[str, Any]]]:
+        parser = _splitter(Thinking(opened), ToolCalls(TOOLS, parallel=parallel), 1)
+        outs = [_split(parser, piece, k == len(pieces) - 1) for k, piece in enumerate(pieces)]
+        return "".join(o[0] for o in outs), "".join(o[1] for o in outs), [c for o in outs for c in o[2]]
+
+    text = "".join(words)
+    whole = run([text])
+    points = sorted({min(c, len(text)) for c in cuts})
+    assert run([text[a:b] for a, b in zip([0] + points, points + [len(text)])]) == whole
+    assert run(list(text)) == whole
+    for k in range(len(text) + 1):
+        assert run([text[:k], text[k:]]) == whole, k
+
 def test_responses_output_items() -> None:
     """Responses 的输出项由 _Output 一条回复一条回复地建：思考、文字、调用依次成为 reasoning、message、function_call
     项，output_index 按出现的先后。一个字符一条回复地喂，和整段一条回复，最后的项相同；每一项的事件从 added 开始、
