@@ -22,7 +22,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from openai import AsyncOpenAI, BadRequestError
+from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
 xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed: pip install -e '.[structured]'")
 jsonschema = pytest.importorskip("jsonschema")
@@ -1109,6 +1109,58 @@ def test_server_responses_text_format(server) -> None:
         response = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={**ask, **body}, timeout=60)
         error = response.json()["error"]
         assert response.status_code == 400 and error["param"] == param and message in error["message"], error
+
+def test_server_responses_store(server) -> None:
+    """previous_response_id：服务记下的对话接上这一轮的项，提示词和把整段对话发回来时一样长、贪心的回答一样（调用
+    工具的一轮，再说两句的两轮，其中一轮是流式的）；instructions 只用这一轮的；retrieve 拿回同一个响应对象，delete
+    之后是 404；删掉的、store=false 的、从没有过的 previous_response_id 是 400；ResponseStore 先忘最久没用到的。"""
+    from minisgl.server.api_server import ResponseStore, _Stored
+
+    port, _ = server
+    c = client(port)
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]
+    ask = "What is the weather in Paris?"
+    first = c.responses.create(model="m", input=ask, tools=flat, instructions="Be brief.", temperature=0,
+                               max_output_tokens=200, tool_choice={"type": "function", "name": "get_weather"})
+    result = {"type": "function_call_output", "call_id": first.output[0].call_id, "output": "18 degrees, sunny"}
+    whole = [{"role": "user", "content": ask}] + [o.model_dump(exclude_none=True) for o in first.output] + [result]
+
+    def turn(**kwargs: Any) -> Any:
+        return c.responses.create(model="m", tools=flat, temperature=0, max_output_tokens=3, **kwargs)
+
+    explicit, chained = turn(input=whole), turn(input=[result], previous_response_id=first.id)
+    assert (chained.usage.input_tokens, chained.output_text) == (explicit.usage.input_tokens, explicit.output_text)
+    assert chained.previous_response_id == first.id and chained.store and explicit.previous_response_id is None
+    briefed = turn(input=[result], previous_response_id=first.id, instructions="Be brief.")  # 只用这一轮的
+    assert briefed.usage.input_tokens == turn(input=whole, instructions="Be brief.").usage.input_tokens > \
+        explicit.usage.input_tokens
+    events = list(c.responses.create(model="m", tools=flat, temperature=0, max_output_tokens=3, input="Thanks!",
+                                     previous_response_id=chained.id, stream=True))
+    streamed = events[-1].response
+    later = turn(input="And tomorrow?", previous_response_id=streamed.id)
+    full = whole + [o.model_dump(exclude_none=True) for o in chained.output] + [{"role": "user", "content": "Thanks!"}] \
+        + [o.model_dump(exclude_none=True) for o in streamed.output] + [{"role": "user", "content": "And tomorrow?"}]
+    assert later.usage.input_tokens == turn(input=full).usage.input_tokens
+
+    assert c.responses.retrieve(streamed.id).model_dump() == streamed.model_dump()
+    c.responses.delete(streamed.id)
+    for gone in (lambda: c.responses.retrieve(streamed.id), lambda: c.responses.delete(streamed.id)):
+        with pytest.raises(NotFoundError):
+            gone()
+    unstored = turn(input="x", store=False)
+    assert unstored.store is False
+    for rid in (streamed.id, unstored.id, "resp_none"):
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/responses", timeout=60,
+                              json={"model": "m", "input": "x", "max_output_tokens": 2, "previous_response_id": rid})
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "previous_response_id", error
+        assert error["code"] == "previous_response_not_found" and rid in error["message"]
+
+    store = ResponseStore(2)
+    for rid in "abc":
+        store.put(rid, _Stored({"id": rid}, []))
+        store.get("a")  # a 一直在用：b 先被忘
+    assert store.get("a") is not None and store.get("b") is None and store.get("c") is not None
 
 def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
     """模板替模型写好了 <think>（DeepSeek-R1 的蒸馏模型、Qwen3 Thinking-2507 的写法）：回答从第一个字起是思考。随机

@@ -6,7 +6,9 @@ import functools
 import hmac
 import json
 import re
+import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Literal, Tuple, TypeVar
@@ -1033,6 +1035,7 @@ class ResponsesRequest(_OpenAIRequest):
     # 响应里还要带上的东西（OpenAI Agents SDK 每次都发这个字段，通常是空的）。reasoning.encrypted_content 是给不存
     # 响应的客户端送回思考用的；我们的 reasoning 项把思考原样放在 content 里，送回它就行：照收，不用另给
     include: List[Literal["reasoning.encrypted_content"]] | None = None
+    previous_response_id: str | None = None  # 接着这个响应往下说：服务记得它的整段对话（见下一节）
 
     def tool_view(self) -> Tuple[List[Tool], Any, bool]:
         """工具换成对话接口的形状，_tools 和 _grammar 两个接口共用。"""
@@ -1043,8 +1046,11 @@ class ResponsesRequest(_OpenAIRequest):
             choice = NamedToolChoice(type="function", function=ToolName(name=choice.name))
         return tools, choice or "auto", self.parallel_tool_calls
 
-    def messages(self) -> List[Dict[str, Any]]:
-        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+    def input_items(self) -> List[Dict[str, Any]]:
+        return [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+
+    def messages(self, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """对话的项（之前记下的，加上这次的 input）→ 对话模板的消息；instructions 放在最前面，只用这一次的。"""
         out: List[Dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         for item in items:
             if item.get("type") in ("reasoning", "function_call", "function_call_output"):  # 上一轮的输出项和结果
@@ -1114,7 +1120,7 @@ def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, 
         else choice.model_dump(), "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
         "text": {"format": req.text.format.model_dump(by_alias=True, exclude_none=True)
                  if req.text is not None and req.text.format is not None else {"type": "text"}},
-        "store": False, "error": None,
+        "store": req.store is not False, "previous_response_id": req.previous_response_id, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None, "usage": None}
     if last is not None:
         obj["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.completion_tokens,
@@ -1212,7 +1218,8 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     """OpenAI 的 Responses API，文字部分：非流式一个 response 对象；流式是一串带名字的事件（event: 类型）。"""
     state = get_state()
     tools = _tools(req)
-    messages = req.messages()
+    items = _previous_items(req) + req.input_items()  # 这段对话到这次为止的项
+    messages = req.messages(items)
     sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
     await _check_request_grammar(sp, req)  # 强制调用的 schema
     thinking = await _thinking(sp, {})
@@ -1221,7 +1228,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                                      chat_options={"tools": tools.tools} if tools is not None else {}))
     await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param=_max_tokens_param(req)),
                                    uids, request)
-    rid, created, model = str(uids[0]), int(time.time()), state.config.served_model_name
+    rid, created, model = f"{_store.epoch}{uids[0]}", int(time.time()), state.config.served_model_name
     parser = _splitter(thinking, tools, uids[0])
     if not req.stream:
         replies = (await state.collect_with_cancellation(uids, request))[0]
@@ -1230,7 +1237,8 @@ async def v1_responses(req: ResponsesRequest, request: Request):
         output = _Output(rid, parser, lambda kind, **body: b"")
         for reply in replies:
             output.feed(reply)
-        return _response_object(req, rid, created, model, replies[-1], output.items, output.reasoning_tokens)
+        return _remember(req, items + output.items,
+                         _response_object(req, rid, created, model, replies[-1], output.items, output.reasoning_tokens))
 
     async def events() -> AsyncIterator[bytes]:
         seq = 0
@@ -1252,7 +1260,8 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                     return
                 frames += output.feed(ack)
                 if ack.finished:
-                    done = _response_object(req, rid, created, model, ack, output.items, output.reasoning_tokens)
+                    done = _remember(req, items + output.items, _response_object(
+                        req, rid, created, model, ack, output.items, output.reasoning_tokens))
                     frames.append(event(f"response.{done['status']}", response=done))
             yield b"".join(frames)
 
@@ -1370,3 +1379,74 @@ async def get_server_info():
                                 "prompt_tokens": m.prompt_tokens, "generation_tokens": m.generation_tokens}]
     info["version"] = __version__
     return info
+
+
+MAX_STORED_RESPONSES = 1024  # 记住最近这么多个响应；更早的 previous_response_id 回 400
+
+
+@dataclass
+class _Stored:
+    response: Dict[str, Any]  # 完成时的响应对象：GET 原样返回
+    items: List[Dict[str, Any]]  # 对话到这个响应为止的全部项：之前的、这次 input 的、这次 output 的（不含 instructions）
+
+
+class ResponseStore:
+    """服务记住的响应（OpenAI 的 store，默认开着）：在 API 服务进程的内存里，至多 capacity 个，最久没用到的先忘；
+    服务重启就都忘了。"""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.stored: OrderedDict[str, _Stored] = OrderedDict()
+        self.epoch = secrets.token_hex(4)  # 响应 id 的前缀，每次启动不同：重启前拿到的 id 不会撞上重启后的响应
+
+    def put(self, rid: str, stored: _Stored) -> None:
+        self.stored[rid] = stored
+        self.stored.move_to_end(rid)
+        while len(self.stored) > self.capacity:
+            self.stored.popitem(last=False)
+
+    def get(self, rid: str) -> _Stored | None:
+        stored = self.stored.get(rid)
+        if stored is not None:
+            self.stored.move_to_end(rid)  # 刚用到：最后一个忘
+        return stored
+
+    def pop(self, rid: str) -> _Stored | None:
+        return self.stored.pop(rid, None)
+
+
+_store = ResponseStore(MAX_STORED_RESPONSES)
+
+
+def _previous_items(req: ResponsesRequest) -> List[Dict[str, Any]]:
+    """previous_response_id 那段对话的项；没给时是空的。找不到（从没有过、store 是 false、被忘了、删了）是 400。"""
+    if req.previous_response_id is None:
+        return []
+    stored = _store.get(req.previous_response_id)
+    if stored is None:
+        raise APIError(400, f"Previous response with id '{req.previous_response_id}' not found. This server keeps "
+                            f"the last {_store.capacity} responses made without store: false, in memory",
+                       param="previous_response_id", code="previous_response_not_found")
+    return stored.items
+
+
+def _remember(req: ResponsesRequest, items: List[Dict[str, Any]], response: Dict[str, Any]) -> Dict[str, Any]:
+    """回答完了：store 不是 false 就记下这个响应和它的整段对话。原样返回 response。"""
+    if req.store is not False:
+        _store.put(response["id"], _Stored(response, items))
+    return response
+
+
+@app.get("/v1/responses/{response_id}")
+async def v1_response(response_id: str):
+    stored = _store.get(response_id)
+    if stored is None:
+        raise APIError(404, f"Response with id '{response_id}' not found.")
+    return stored.response
+
+
+@app.delete("/v1/responses/{response_id}")
+async def v1_delete_response(response_id: str):
+    if _store.pop(response_id) is None:
+        raise APIError(404, f"Response with id '{response_id}' not found.")
+    return {"id": response_id, "object": "response", "deleted": True}
