@@ -1035,7 +1035,7 @@ class ResponsesRequest(_OpenAIRequest):
     # 响应里还要带上的东西（OpenAI Agents SDK 每次都发这个字段，通常是空的）。reasoning.encrypted_content 是给不存
     # 响应的客户端送回思考用的；我们的 reasoning 项把思考原样放在 content 里，送回它就行：照收，不用另给
     include: List[Literal["reasoning.encrypted_content"]] | None = None
-    previous_response_id: str | None = None  # 接着这个响应往下说：服务记得它的整段对话（见下一节）
+    previous_response_id: str | None = None  # 接着这个响应往下说：服务记得它的整段对话（下面的 ResponseStore）
 
     def tool_view(self) -> Tuple[List[Tool], Any, bool]:
         """工具换成对话接口的形状，_tools 和 _grammar 两个接口共用。"""
