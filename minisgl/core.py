@@ -41,6 +41,8 @@ class SamplingParams:
     json_schema: str | None = None  # JSON Schema（JSON 文本）；OpenAI 的 response_format 由 API Server 换成它
     regex: str | None = None  # 正则：输出必须整个匹配它
     ebnf: str | None = None  # EBNF 文法（xgrammar 的写法，起始规则叫 root）
+    # 会思考的模型：语法等思考写完再管。"tagged"：回答可以先写 <think>…</think>；"opened"：提示词已经开了 <think>
+    reasoning: str | None = None
 
     def __post_init__(self) -> None:
         def num(x: object, lo: float, hi: float) -> bool:  # 有限的数（JSON 也能写出 Infinity、NaN）
@@ -67,6 +69,7 @@ class SamplingParams:
             "logit_bias": (isinstance(self.logit_bias, dict) and all(
                 isinstance(k, str) and k.isascii() and k.isdigit() and num(v, -100, 100)
                 for k, v in self.logit_bias.items()), "must map token ids (decimal strings) to [-100, 100]"),
+            "reasoning": (self.reasoning in (None, "tagged", "opened"), "must be None, 'tagged' or 'opened'"),
             "top_logprobs": (integer(self.top_logprobs, 0, 20 if self.logprobs else 0),
                              "must be in [0, 20], and 0 unless logprobs=True"),
         }

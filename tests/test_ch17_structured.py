@@ -30,7 +30,7 @@ jsonschema = pytest.importorskip("jsonschema")
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from minisgl.message import UserMsg, UserReply, decode, encode  # noqa: E402
-from minisgl.server.tools import (ReasoningParser, ToolCallParser, forced_schema, prompt_opens_think,  # noqa: E402
+from minisgl.server.tools import (ReasoningParser, ToolCallParser, forced_schema, prompt_thinking,  # noqa: E402
                                   template_thinks, template_writes_tool_calls)
 from minisgl.structured import (JSON_OBJECT_SCHEMA, Grammar, GrammarBackend, allocate_vocab_mask,  # noqa: E402
                                 apply_vocab_mask, check_grammar, fill_vocab_mask, unpack_vocab_mask)
@@ -651,6 +651,10 @@ def server(tiny_qwen3, tmp_path_factory) -> Iterator[Tuple[int, Path]]:
     yield port, log
     stop_server(proc)
 
+# Qwen3 的模板会思考：受约束的请求默认先让模型想（语法等 </think> 之后再管），随机模型却写不出 </think>，一想就停不下
+# 来。测语法本身的请求像用户那样关掉思考（提示词里一段空的思考），语法从第一个 token 管起
+DIRECT = {"chat_template_kwargs": {"enable_thinking": False}}
+
 def schema_format(schema: dict) -> Dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
 
@@ -666,7 +670,7 @@ def test_server_random_schemas(server, batch: List[dict], seed: int) -> None:
         return schema, await c.chat.completions.create(
             model="m", messages=[{"role": "user", "content": f"Answer {i} in JSON."}], max_tokens=400,
             n=1 if i % 2 == 0 else 2, temperature=0 if i % 2 == 0 else 1.0, seed=seed + i,
-            response_format=schema_format(schema))
+            response_format=schema_format(schema), extra_body=DIRECT)
 
     async def free(i: int) -> Tuple[dict | None, Any]:
         return None, await c.completions.create(model="m", prompt=f"free {i}", max_tokens=20, temperature=1.0,
@@ -734,7 +738,7 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
     c = client(port)
     chat = [{"role": "user", "content": "Give me a JSON object."}]
     r = c.chat.completions.create(model="m", messages=chat, max_tokens=60, temperature=0.7, seed=5,
-                                  response_format={"type": "json_object"})
+                                  response_format={"type": "json_object"}, extra_body=DIRECT)
     outputs = [(ch.message.content, ch.finish_reason) for ch in r.choices]
     r = c.completions.create(model="m", prompt="JSON:", max_tokens=60, temperature=0.7, seed=5, n=3,
                              extra_body={"response_format": {"type": "json_object"}})
@@ -756,14 +760,14 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
     finally:
         llm.shutdown()
     whole = c.chat.completions.create(model="m", messages=chat, max_tokens=200, temperature=0,
-                                      response_format=schema_format(PERSON)).choices[0]
+                                      response_format=schema_format(PERSON), extra_body=DIRECT).choices[0]
     chunks = list(c.chat.completions.create(model="m", messages=chat, max_tokens=200, temperature=0, stream=True,
-                                            response_format=schema_format(PERSON)))
+                                            response_format=schema_format(PERSON), extra_body=DIRECT))
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == whole.message.content
     assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "stop"
     jsonschema.validate(json.loads(whole.message.content), PERSON)
     cut = c.chat.completions.create(model="m", messages=chat, max_tokens=4, temperature=0,
-                                    response_format=schema_format(PERSON)).choices[0]
+                                    response_format=schema_format(PERSON), extra_body=DIRECT).choices[0]
     assert cut.finish_reason == "length" and cut.message.content == whole.message.content[:len(cut.message.content)]
     assert checker.grammar("json_schema", json.dumps(PERSON)).matcher.accept_string(cut.message.content)
 
@@ -793,9 +797,10 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
                 create(model="m", max_tokens=8, extra_body=body, **kwargs)
             assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
             assert message in e.value.body["message"], e.value.body
-    for create, kwargs in [(c.chat.completions.create, {"messages": chat}),  # 能开头、写完 ab 就无路可走
-                           (c.completions.create, {"prompt": "x"})]:
-        r = create(model="m", max_tokens=8, temperature=0, extra_body={"regex": "ab[^\\s\\S]"}, **kwargs).choices[0]
+    for create, kwargs, extra in [(c.chat.completions.create, {"messages": chat}, DIRECT),  # 能开头、写完 ab 就无路可走
+                                  (c.completions.create, {"prompt": "x"}, {})]:
+        r = create(model="m", max_tokens=8, temperature=0, extra_body={"regex": "ab[^\\s\\S]", **extra},
+                   **kwargs).choices[0]
         assert (getattr(r, "text", None) or r.message.content, r.finish_reason) == ("ab", "length")
     t0 = time.monotonic()
     while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
@@ -813,6 +818,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "description": "The time now"}}]
 PARAMETERS = {"get_weather": WEATHER, "get_time": {"type": "object", "properties": {}, "additionalProperties": False}}
+PICK = {"type": "object", "properties": {"a": {"enum": [1, 2, 3]}}, "required": ["a"], "additionalProperties": False}
 
 def cut(parser: ToolCallParser | ReasoningParser, pieces: List[str]) -> Tuple[Any, Any]:
     """一段一段喂给切分器，最后 finish，两样各自拼起来：ToolCallParser 是（内容, 全部调用），ReasoningParser 是
@@ -869,7 +875,7 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
     said = (f"Let me check.\n<tool_call>\n{json.dumps(weather)}\n</tool_call>\n<tool_call>\n"
             f'{{"name": "get_time", "arguments": {{}}}}\n</tool_call>')
     auto = dict(model="m", messages=ask, tools=TOOLS, max_tokens=300, temperature=0,
-                extra_body={"ebnf": f"root ::= {json.dumps(said)}"})
+                extra_body={"ebnf": f"root ::= {json.dumps(said)}", **DIRECT})
     whole = c.chat.completions.create(**auto).choices[0]
     calls = [(t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls]
     assert calls == [("get_weather", weather["arguments"]), ("get_time", {})]
@@ -889,12 +895,13 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
         assert [(t.function.name, json.loads(t.function.arguments)) for t in one] == calls[:1]
 
     r = c.chat.completions.create(model="m", messages=ask, tools=TOOLS, tool_choice="required",
-                                  parallel_tool_calls=False, n=2, temperature=1.0, seed=3, max_tokens=200)
+                                  parallel_tool_calls=False, n=2, temperature=1.0, seed=3, max_tokens=200,
+                                  extra_body=DIRECT)
     for choice in r.choices:
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         (call,) = choice.message.tool_calls
         jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
-    named = dict(model="m", messages=ask, tools=TOOLS, temperature=0, max_tokens=200,
+    named = dict(model="m", messages=ask, tools=TOOLS, temperature=0, max_tokens=200, extra_body=DIRECT,
                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
     whole = c.chat.completions.create(**named).choices[0]
     assert whole.finish_reason == "stop" and [t.function.name for t in whole.message.tool_calls] == ["get_weather"]
@@ -992,7 +999,7 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks[:-1]) == \
         whole.reasoning_content
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == whole.content
-    assert chunks[-1].usage == answer.usage
+    assert chunks[-1].usage.completion_tokens_details == answer.usage.completion_tokens_details
     kept = c.chat.completions.create(**forced(said, extra_body={"separate_reasoning": False})).choices[0].message
     assert kept.content == said and getattr(kept, "reasoning_content", None) is None
     call = {"name": "get_time", "arguments": {}}
@@ -1014,8 +1021,8 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     assert "reasoning_content" not in plain.choices[0].message.model_dump(exclude_unset=True)  # 没思考：没有这个键
     assert plain.usage.completion_tokens_details is None
     assert template_thinks(str(tiny_qwen3)) and not template_thinks(str(smollm2))
-    assert not prompt_opens_think(str(tiny_qwen3), "{}")  # Qwen3 的 <think> 由模型自己写
-    assert not prompt_opens_think(str(tiny_qwen3), json.dumps({"enable_thinking": False}))  # 空的思考已经关上
+    assert prompt_thinking(str(tiny_qwen3), "{}") == "tagged"  # Qwen3 的 <think> 由模型自己写
+    assert prompt_thinking(str(tiny_qwen3), json.dumps({"enable_thinking": False})) == "closed"  # 空的思考已经关上
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
 @given(words=st.lists(st.sampled_from(["<think>", "</think>", "<tool_call>", "</tool_call>", "<", "/", "think>",
@@ -1087,7 +1094,8 @@ def test_server_responses_text_format(server) -> None:
         city: str = pydantic.Field(max_length=12)
         unit: Literal["celsius", "fahrenheit"]
 
-    ask = dict(model="m", input="What is the weather in Paris?", max_output_tokens=200, temperature=0)
+    ask = dict(model="m", input="What is the weather in Paris?", max_output_tokens=200, temperature=0,
+               extra_body=DIRECT)
     r = c.responses.parse(**ask, text_format=Weather)
     assert r.status == "completed" and isinstance(r.output_parsed, Weather)
     fmt = r.text.format.model_dump(by_alias=True, exclude_none=True)
@@ -1097,7 +1105,7 @@ def test_server_responses_text_format(server) -> None:
     assert events[-1].response.text.format.name == "Weather"
     obj = c.responses.create(**ask | {"input": "x"}, text={"format": {"type": "json_object"}})
     chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=200,
-                                     temperature=0, response_format={"type": "json_object"})
+                                     temperature=0, response_format={"type": "json_object"}, extra_body=DIRECT)
     assert obj.output_text == chat.choices[0].message.content and obj.text.format.type == "json_object"
     bad = [({"text": {"format": {"type": "json_schema", "name": "a"}}}, "text", 'needs "name" and "schema"'),
            ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "array", "uniqueItems": True}}}},
@@ -1106,7 +1114,8 @@ def test_server_responses_text_format(server) -> None:
            ({"text": {"format": {"type": "json_object"}}, "tools": [{"type": "function", "name": "f"}],
              "tool_choice": "required"}, "tool_choice", "cannot be combined with text")]
     for body, param, message in bad:
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={**ask, **body}, timeout=60)
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/responses", timeout=60,
+                              json={**{k: v for k, v in ask.items() if k != "extra_body"}, **DIRECT, **body})
         error = response.json()["error"]
         assert response.status_code == 400 and error["param"] == param and message in error["message"], error
 
@@ -1121,7 +1130,8 @@ def test_server_responses_store(server) -> None:
     flat = [{"type": "function", **t["function"]} for t in TOOLS]
     ask = "What is the weather in Paris?"
     first = c.responses.create(model="m", input=ask, tools=flat, instructions="Be brief.", temperature=0,
-                               max_output_tokens=200, tool_choice={"type": "function", "name": "get_weather"})
+                               max_output_tokens=200, tool_choice={"type": "function", "name": "get_weather"},
+                               extra_body=DIRECT)
     result = {"type": "function_call_output", "call_id": first.output[0].call_id, "output": "18 degrees, sunny"}
     whole = [{"role": "user", "content": ask}] + [o.model_dump(exclude_none=True) for o in first.output] + [result]
 
@@ -1162,6 +1172,56 @@ def test_server_responses_store(server) -> None:
         store.get("a")  # a 一直在用：b 先被忘
     assert store.get("a") is not None and store.get("b") is None and store.get("c") is not None
 
+def test_thinking_grammar(vocab: Vocab) -> None:
+    """ThinkingGrammar：start 时允许的是语法的加上 <think>；think 时除了结束符全放行，matcher 是 None（成批填掩码时
+    这一行自己填）；</think> 之后就是原来的语法，写完才 is_terminated；opened 从 think 开始；语法自己规定了 <think>
+    时全交给语法。SmolLM2 的词表里没有这两个标记：state() 给的是普通的 Grammar。"""
+    backend = vocab.backend
+    compiled = backend.compile("json_schema", json.dumps(PICK))
+    if backend.think is None:
+        assert type(backend.state(compiled, "tagged")) is Grammar
+        return
+    (start, end), stops = backend.think, backend.stop_token_ids
+    plain = Grammar(compiled).allowed()  # [V] bool
+    g = backend.state(compiled, "tagged")
+    with_start = plain.clone()
+    with_start[start] = True
+    assert torch.equal(g.allowed(), with_start) and not plain[start]
+    assert g.accept(start) and g.matcher is None
+    thinking = g.allowed()
+    assert not thinking[stops].any() and int(thinking.sum()) == vocab.size - len(set(stops))
+    assert all(g.accept(t) for t in vocab.tokenizer.encode(" a is 3", add_special_tokens=False))
+    assert not g.accept(stops[0]) and not g.is_terminated and g.accept(end)
+    assert g.matcher is not None and torch.equal(g.allowed(), plain)
+    assert json.loads(generate(vocab, g, seed=0, bias=3.0))["a"] in (1, 2, 3) and g.is_terminated
+
+    opened = backend.state(compiled, "opened")
+    mask = allocate_vocab_mask(2, vocab.size)
+    fill_vocab_mask([opened, Grammar(compiled)], mask)
+    assert torch.equal(unpack_vocab_mask(mask, vocab.size)[0], thinking) and opened.matcher is None
+    assert torch.equal(unpack_vocab_mask(mask, vocab.size)[1], plain)
+    spelled = backend.state(backend.compile("ebnf", 'root ::= "<think>" [a-z]* "</think>" "ok"'), "tagged")
+    assert spelled.grammar_thinks and spelled.accept(start) and spelled.state == "answer"
+
+def test_server_grammar_after_thinking(server, tiny_qwen3) -> None:
+    """Qwen3 的模板会思考：受约束的请求让模型先想，语法等 </think> 之后再管。logit_bias 让随机模型先写 <think>、
+    再写 </think>（logprobs 里前两个 token 就是它们），思考是空的，回答合乎 schema，思考的 token 是 2 个；关掉思考
+    （enable_thinking: false）或不切思考（separate_reasoning: false）时语法从第一个 token 管起，<think> 写不出来。"""
+    port, _ = server
+    c = client(port)
+    tokenizer = load_tokenizer(tiny_qwen3)
+    bias = {str(tokenizer.convert_tokens_to_ids("<think>")): 50, str(tokenizer.convert_tokens_to_ids("</think>")): 100}
+    ask = dict(model="m", messages=[{"role": "user", "content": "Pick one."}], max_tokens=50, temperature=0,
+               response_format=schema_format(PICK), logit_bias=bias)
+    r = c.chat.completions.create(**ask, logprobs=True)
+    assert [t.token for t in r.choices[0].logprobs.content[:2]] == ["<think>", "</think>"]
+    assert r.choices[0].finish_reason == "stop" and json.loads(r.choices[0].message.content)["a"] in (1, 2, 3)
+    assert getattr(r.choices[0].message, "reasoning_content", None) is None
+    assert r.usage.completion_tokens_details.reasoning_tokens == 2
+    for extra in (DIRECT, {"separate_reasoning": False}):
+        direct = c.chat.completions.create(**ask, extra_body=extra).choices[0]
+        assert direct.finish_reason == "stop" and json.loads(direct.message.content)["a"] in (1, 2, 3), extra
+
 def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
     """模板替模型写好了 <think>（DeepSeek-R1 的蒸馏模型、Qwen3 Thinking-2507 的写法）：回答从第一个字起是思考。随机
     模型写不出 </think>，整个回答都是思考：对话接口的 reasoning_content 就是 separate_reasoning=false 时的 content
@@ -1173,7 +1233,7 @@ def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
     head, mark, tail = config["chat_template"].rpartition("{{- '<|im_start|>assistant\\n' }}")
     config["chat_template"] = head + "{{- '<|im_start|>assistant\\n<think>\\n' }}" + tail
     (model / "tokenizer_config.json").write_text(json.dumps(config))
-    assert mark and prompt_opens_think(str(model), "{}")
+    assert mark and prompt_thinking(str(model), "{}") == "opened"
     proc, port = start_server(model, tmp_path / "server.log", "--max-seq-len-override", "512")
     try:
         c = client(port)
@@ -1200,11 +1260,18 @@ def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
         assert [o.type for o in events[-1].response.output] == ["reasoning"] and events[-2].item.status == "completed"
         assert events[-1].response.output[0].content[0].text == raw.strip()
 
-        named = c.chat.completions.create(**ask | {"max_tokens": 200}, tools=TOOLS,
+        # 受约束的请求：语法等思考写完再管。思考里随机模型照旧写（和不受约束时一字不差），写不完就是 length
+        forever = c.chat.completions.create(**ask, response_format={"type": "json_object"}).choices[0]
+        assert (forever.message.reasoning_content, forever.finish_reason) == (raw.strip(), "length")
+        stop = {"max_tokens": 200, "logit_bias": {str(load_tokenizer(model).convert_tokens_to_ids("</think>")): 100}}
+        named = c.chat.completions.create(**ask | stop, tools=TOOLS,  # 第一个 token 就是 </think>：思考是空的
                                           tool_choice={"type": "function", "function": {"name": "get_time"}})
         message = named.choices[0].message
         assert [t.function.name for t in message.tool_calls] == ["get_time"] and message.content is None
         assert getattr(message, "reasoning_content", None) is None
+        assert named.usage.completion_tokens_details.reasoning_tokens == 1
+        picked = c.chat.completions.create(**ask | stop, response_format=schema_format(PICK)).choices[0]
+        assert picked.finish_reason == "stop" and json.loads(picked.message.content)["a"] in (1, 2, 3)
     finally:
         stop_server(proc)
 
@@ -1217,7 +1284,7 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
     flat = [{"type": "function", **t["function"]} for t in TOOLS]
     ask = "What is the weather in Paris?"
     named = dict(model="m", input=ask, tools=flat, tool_choice={"type": "function", "name": "get_weather"},
-                 temperature=0, max_output_tokens=200)
+                 temperature=0, max_output_tokens=200, extra_body=DIRECT)
     r = c.responses.create(**named)
     assert r.status == "completed" and [o.type for o in r.output] == ["function_call"]  # 没写文字：没有 message 项
     call = r.output[0]

@@ -153,7 +153,7 @@ class Scheduler(SchedulerIOMixin):
                 continue
             req, future = self._compiling.pop(uid)
             try:
-                self.grammars[uid] = Grammar(future.result())
+                self.grammars[uid] = self.grammar_backend.state(future.result(), req.sampling_params.reasoning)
             except (ValueError, ImportError) as e:  # 编译不了（API 已经挡住了，离线的 LLM 才会送来）、没装 xgrammar
                 self._refuse(uid, str(e))
                 continue

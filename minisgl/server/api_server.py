@@ -28,7 +28,7 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs, model_limits
-from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, json_or_none, prompt_opens_think,
+from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, json_or_none, prompt_thinking,
                     template_thinks, template_writes_tool_calls)
 
 logger = init_logger(__name__)
@@ -597,9 +597,11 @@ class _Shape:
 
 @dataclass
 class Thinking:
-    """模型怎样思考：opened 时模板已经在提示词末尾写了 <think>（见 prompt_opens_think）。"""
+    """模型怎样思考（见 prompt_thinking）：opened，模板已经在提示词末尾写了 <think>；closed，提示词里一段空的思考
+    已经关上，模型不再思考。"""
 
     opened: bool = False
+    closed: bool = False
 
 @dataclass
 class _Splitter:
@@ -807,20 +809,23 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
-    thinking = await _thinking(sp, req.chat_template_kwargs or {}) if req.separate_reasoning and req.messages \
-        else None
-    return await _generate(req, request, [text], sp, chat=True, tools=tools, reasoning=thinking)
+    thinking = await _thinking(req.chat_template_kwargs or {}) if req.separate_reasoning and req.messages else None
+    return await _generate(req, request, [text], _reasoned(sp, thinking), chat=True, tools=tools, reasoning=thinking)
 
-async def _thinking(sp: SamplingParams, options: Dict[str, Any]) -> Thinking | None:
+async def _thinking(options: Dict[str, Any]) -> Thinking | None:
     """模型会思考时（模板里有 <think>）回答怎样切；不思考时 None。模板有没有替模型写好 <think> 可能取决于请求的
-    chat_template_kwargs，所以按它问 prompt_opens_think；第一次问要加载分词器，放进线程里，不卡住别的请求。受语法
-    约束的回答从第一个 token 起就是语法规定的样子（强制的调用、JSON），模型没有机会思考：这时不算 opened。"""
+    chat_template_kwargs，所以按它问 prompt_thinking；第一次问要加载分词器，放进线程里，不卡住别的请求。"""
     path = str(get_state().config.model_path)
     if not template_thinks(path):
         return None
-    if sp.grammar is not None:
-        return Thinking(opened=False)
-    return Thinking(opened=await asyncio.to_thread(prompt_opens_think, path, json.dumps(options, sort_keys=True)))
+    prompt = await asyncio.to_thread(prompt_thinking, path, json.dumps(options, sort_keys=True))
+    return Thinking(opened=prompt == "opened", closed=prompt == "closed")
+
+def _reasoned(sp: SamplingParams, thinking: Thinking | None) -> SamplingParams:
+    """受语法约束的请求发给会思考的模型：让语法等思考写完再管（ThinkingGrammar），思考照样切进 reasoning_content。"""
+    if thinking is None or thinking.closed or sp.grammar is None:
+        return sp
+    return replace(sp, reasoning="opened" if thinking.opened else "tagged")
 
 def _tools(req: ChatCompletionRequest | ResponsesRequest) -> ToolCalls | None:
     """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。
@@ -1036,6 +1041,7 @@ class ResponsesRequest(_OpenAIRequest):
     # 响应的客户端送回思考用的；我们的 reasoning 项把思考原样放在 content 里，送回它就行：照收，不用另给
     include: List[Literal["reasoning.encrypted_content"]] | None = None
     previous_response_id: str | None = None  # 接着这个响应往下说：服务记得它的整段对话（下面的 ResponseStore）
+    chat_template_kwargs: Dict[str, Any] | None = None  # 和对话接口的同名扩展一样：例如 {"enable_thinking": false}
 
     def tool_view(self) -> Tuple[List[Tool], Any, bool]:
         """工具换成对话接口的形状，_tools 和 _grammar 两个接口共用。"""
@@ -1222,10 +1228,12 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     messages = req.messages(items)
     sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
     await _check_request_grammar(sp, req)  # 强制调用的 schema
-    thinking = await _thinking(sp, {})
+    options = req.chat_template_kwargs or {}
+    thinking = await _thinking(options)
+    sp = _reasoned(sp, thinking)
     uids = state.new_users()
     await state.send_one(TokenizeMsg(uid=uids[0], text=messages, sampling_params=sp,
-                                     chat_options={"tools": tools.tools} if tools is not None else {}))
+                                     chat_options={**options, "tools": tools.tools} if tools is not None else options))
     await state.until_disconnected(state.first_replies(uids, param="input", max_tokens_param=_max_tokens_param(req)),
                                    uids, request)
     rid, created, model = f"{_store.epoch}{uids[0]}", int(time.time()), state.config.served_model_name

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
+from minisgl.structured.grammar import THINK_END, THINK_START
 from minisgl.utils.hf import load_tokenizer
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # Qwen2.5、Qwen3、Hermes……的调用格式
-THINK_START, THINK_END = "<think>", "</think>"  # Qwen3、QwQ、DeepSeek-R1……的思考
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # 没给 parameters：只能是 {}
 
 
@@ -54,21 +54,23 @@ def template_thinks(model_path: str) -> bool:
     return any(THINK_START in t for t in _templates(model_path))
 
 
-_tokenizer = functools.lru_cache(maxsize=1)(load_tokenizer)  # 服务进程里只有 prompt_opens_think 用它
+_tokenizer = functools.lru_cache(maxsize=1)(load_tokenizer)  # 服务进程里只有 prompt_thinking 用它
 
 
 @functools.lru_cache(maxsize=32)
-def prompt_opens_think(model_path: str, options: str) -> bool:
-    """模板是不是替模型写好了 <think>：套上模板、加上生成提示的提示词以 <think> 结尾。DeepSeek-R1 的蒸馏模型、
-    Qwen3 的 Thinking-2507 是这样，回答里只有思考的正文和 </think>；Qwen3 原版不是（<think> 由模型自己写）。
+def prompt_thinking(model_path: str, options: str) -> str:
+    """套上模板、加上生成提示的提示词怎样收尾。"opened"：以 <think> 结尾，模板替模型开了头（DeepSeek-R1 的蒸馏模型、
+    Qwen3 的 Thinking-2507），回答里只有思考的正文和 </think>；"closed"：以 </think> 结尾，一段空的思考已经关上
+    （Qwen3 的 enable_thinking: false），模型不再思考；"tagged"：都不是，<think> 由模型自己写（Qwen3 原版）。
     options：请求的 chat_template_kwargs（JSON 文本，作缓存的键）。拿一条消息套一次模板就知道；第一次要加载分词器
     （一秒上下），之后查缓存。"""
     try:
         prompt = _tokenizer(model_path).apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
                                                             add_generation_prompt=True, **json.loads(options))
     except Exception:  # 模板不认这些选项：请求本身在分词进程里会得到 400
-        return False
-    return prompt.rstrip().endswith(THINK_START)
+        return "tagged"
+    tail = prompt.rstrip()
+    return "opened" if tail.endswith(THINK_START) else "closed" if tail.endswith(THINK_END) else "tagged"
 
 
 def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool) -> Dict[str, Any]:
@@ -167,7 +169,7 @@ class ToolCallParser:
 class ReasoningParser:
     """回答开头的 <think>…</think> → 思考（reasoning_content），其余是内容；不以 <think> 开头的回答全是内容。和
     ToolCallParser 一样可以一段一段地喂，两种喂法切得一样：开头还看不出来（空白、"<thi"）时先扣着；思考和其后内容
-    两头的空白不算（末尾的空白和半个 </think> 先扣着）。opened：提示词已经以 <think> 结尾（prompt_opens_think），
+    两头的空白不算（末尾的空白和半个 </think> 先扣着）。opened：提示词已经以 <think> 结尾（prompt_thinking），
     回答从第一个字起就是思考，直到 </think>（它若又写了一个 <think>，去掉）。"""
 
     def __init__(self, opened: bool = False) -> None:

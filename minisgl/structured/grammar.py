@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
+THINK_START, THINK_END = "<think>", "</think>"  # 会思考的模型（Qwen3、DeepSeek-R1……）把思考写在这两个标记之间
 JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format {"type": "json_object"}：任意一个 JSON 对象
 GrammarKey = Tuple[str, str]  # (kind, spec)：kind 是 GRAMMAR_KINDS 之一，spec 是 schema / 正则 / EBNF 的原文
 T = TypeVar("T")
@@ -71,6 +72,8 @@ def fill_vocab_mask(grammars: Sequence[Grammar | None], mask: torch.Tensor,
     for i, g in enumerate(grammars):
         if g is None or g.is_terminated:
             mask[i].fill_(-1)
+        elif g.matcher is None:  # 还在思考（ThinkingGrammar，见本附录最后一节）：这一行自己填
+            g.fill(mask, i)
         else:
             rows.append(i)
     if batch is not None and len(rows) >= BATCH_FILL_MIN_ROWS:
@@ -92,8 +95,8 @@ class GrammarBackend:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
         # 特殊 token（<|im_start|> 之类）不是文本：detokenizer 解码时跳过它们，xgrammar 却把它们的字面当文本。
         # 把它们的"文本"换成空串，语法就永远不允许它们；结束符按 id 处理，留着
-        vocab = [""] * vocab_size
-        for piece, i in tokenizer.get_vocab().items():
+        vocab, ids = [""] * vocab_size, tokenizer.get_vocab()
+        for piece, i in ids.items():
             if i < vocab_size:
                 vocab[i] = piece
         for i in set(tokenizer.all_special_ids) - set(info.stop_token_ids):
@@ -107,6 +110,8 @@ class GrammarBackend:
         self._cache: OrderedDict[GrammarKey, xgrammar.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()  # 缓存只在锁里读写：调度器的线程查缓存，编译线程写缓存
         self.hits = self.misses = 0
+        # 会思考的模型的两个标记（本附录最后一节）：词表里各是一个 token 时才能让语法等思考写完再管
+        self.think = (ids[THINK_START], ids[THINK_END]) if THINK_START in ids and THINK_END in ids else None
 
     @property
     def stop_token_ids(self) -> List[int]:
@@ -137,9 +142,16 @@ class GrammarBackend:
                 self._cache.popitem(last=False)  # 最久没用的
         return compiled
 
-    def grammar(self, kind: str, spec: str) -> Grammar:
+    def grammar(self, kind: str, spec: str, reasoning: str | None = None) -> Grammar:
         """一个新请求的语法状态，从头开始：编译结果大家共享，走到哪里是每个请求自己的。"""
-        return Grammar(self.compile(kind, spec))
+        return self.state(self.compile(kind, spec), reasoning)
+
+    def state(self, compiled: xgrammar.CompiledGrammar, reasoning: str | None = None) -> Grammar:
+        """编译好的语法 → 一个请求的语法状态。reasoning 是 SamplingParams.reasoning：给了、词表里又有思考的两个标记
+        时，语法等思考写完再管（ThinkingGrammar）。"""
+        if reasoning is None or self.think is None:
+            return Grammar(compiled)
+        return ThinkingGrammar(Grammar(compiled), self.think, self.stop_token_ids, opened=reasoning == "opened")
 
 
 def check_grammar(kind: str, spec: str) -> None:
@@ -308,3 +320,62 @@ def _convert(kind: str, spec: str, fn: Callable[[], T]) -> T:
 
 def _clip(spec: str, n: int = 120) -> str:
     return spec if len(spec) <= n else spec[:n] + "…"
+
+
+class ThinkingGrammar(Grammar):
+    """会思考的模型的语法状态：语法只管思考之后的回答。start：回答可以先写 <think>，也可以直接写语法允许的 token
+    → think：</think> 之前什么都行，只是不能结束 → answer：交给原来的语法。opened：提示词已经开了 <think>，从 think
+    开始。"""
+
+    def __init__(self, inner: Grammar, think: Tuple[int, int], stop_token_ids: List[int], opened: bool) -> None:
+        self.inner, self.vocab_size = inner, inner.vocab_size
+        self.think_start, self.think_end = think
+        self.stop_token_ids = stop_token_ids
+        self.state = "think" if opened else "start"
+
+    @functools.cached_property
+    def grammar_thinks(self) -> bool:
+        """语法自己就允许回答以 <think> 开头（它连思考也规定了，比如一条写出整段回答的 EBNF）：那就全交给语法。"""
+        return bool(self.inner.allowed()[self.think_start])
+
+    @property
+    def matcher(self) -> xgrammar.GrammarMatcher | None:
+        """回答里就是原来语法的状态（可以成批填掩码）；回答之前没有：这一行由 fill 自己填。"""
+        return self.inner.matcher if self.state == "answer" else None
+
+    def fill(self, mask: torch.Tensor, row: int) -> None:
+        if self.state == "think":
+            mask[row].fill_(-1)
+            _set_bits(mask, row, self.stop_token_ids, False)
+            return
+        self.inner.fill(mask, row)
+        if self.state == "start":
+            _set_bits(mask, row, [self.think_start], True)
+
+    def accept(self, token: int) -> bool:
+        if self.state == "think":
+            if token in self.stop_token_ids:
+                return False
+            if token == self.think_end:
+                self.state = "answer"
+            return True
+        if self.state == "start" and token == self.think_start and not self.grammar_thinks:
+            self.state = "think"
+            return True
+        if not self.inner.accept(token):
+            return False
+        self.state = "answer"
+        return True
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.state == "answer" and self.inner.is_terminated
+
+
+def _set_bits(mask: torch.Tensor, row: int, tokens: Iterable[int], allowed: bool) -> None:
+    """原地把 mask[row] 里这几个 token 的位设成 1（allowed）或 0。用 Python 的整数一个一个改：只给几个 token 用。"""
+    for token in tokens:
+        w, bit = divmod(token, 32)
+        word = int(mask[row, w]) & 0xFFFFFFFF
+        word = word | (1 << bit) if allowed else word & ~(1 << bit)
+        mask[row, w] = word - (1 << 32) if word >= 1 << 31 else word  # 回到 int32 的有符号表示
