@@ -1033,11 +1033,11 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
 def test_splitters_any_split(words: List[str], cuts: List[int], opened: bool, parallel: bool) -> None:
     """服务里两个切分器串在一起（_split：先切思考，剩下的再切调用）：随机拼出来的文字（标记、半个标记、空白、
     调用）在随机的几处切开、在每一处切成两段、一个字符一个字符地喂，切出的思考、内容和调用都和整段喂一次相同。"""
-    from minisgl.server.api_server import Thinking, _split, _splitter
+    from minisgl.server.api_server import _split, _splitter
     from minisgl.server.tools import ToolCalls
 
     def run(pieces: List[str]) -> Tuple[str, str, List[Dict[str, Any]]]:
-        parser = _splitter(Thinking(opened), ToolCalls(TOOLS, parallel=parallel), 1)
+        parser = _splitter("opened" if opened else "tagged", ToolCalls(TOOLS, parallel=parallel), 1)
         outs = [_split(parser, piece, k == len(pieces) - 1) for k, piece in enumerate(pieces)]
         return "".join(o[0] for o in outs), "".join(o[1] for o in outs), [c for o in outs for c in o[2]]
 
@@ -1054,14 +1054,14 @@ def test_responses_output_items() -> None:
     项，output_index 按出现的先后。一个字符一条回复地喂，和整段一条回复，最后的项相同；每一项的事件从 added 开始、
     到 done 结束，delta 拼起来就是项里的文字（调用是参数）；思考在文字出现之前写完；reasoning_tokens 是到 </think>
     为止的回复数。端到端的测试里随机模型写不出 </think>，这里把三种项的交接都走一遍。"""
-    from minisgl.server.api_server import Thinking, _Output, _splitter
+    from minisgl.server.api_server import _Output, _splitter
     from minisgl.server.tools import ToolCalls
 
     said = '<think>\nPlan it.\n</think>\n\nChecking.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 
     def run(pieces: List[str]) -> Tuple[_Output, List[Tuple[str, Dict[str, Any]]]]:
         events: List[Tuple[str, Dict[str, Any]]] = []
-        out = _Output("7", _splitter(Thinking(), ToolCalls(TOOLS), 7), lambda kind, **body: events.append((kind, body))
+        out = _Output("7", _splitter("tagged", ToolCalls(TOOLS), 7), lambda kind, **body: events.append((kind, body))
                       or b"")
         for k, piece in enumerate(pieces):
             last = k == len(pieces) - 1
@@ -1073,7 +1073,7 @@ def test_responses_output_items() -> None:
     assert (whole.items[0]["content"][0]["text"], whole.items[1]["content"][0]["text"]) == ("Plan it.", "Checking.")
     assert whole.items[2]["name"] == "get_time" and whole.items[2]["call_id"] == "call_7_0"
     out, events = run(list(said) + [""])
-    assert out.items == whole.items and out.reasoning_tokens == said.index("</think>") + len("</think>")
+    assert out.items == whole.items and out.parser.reasoning_tokens == said.index("</think>") + len("</think>")
     for index, item in enumerate(out.items):
         mine = [(kind, body) for kind, body in events if body.get("output_index") == index]
         assert mine[0][0] == "response.output_item.added" and mine[-1] == ("response.output_item.done",

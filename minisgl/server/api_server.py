@@ -29,7 +29,7 @@ from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs, model_limits
 from .tools import (ReasoningParser, ToolCallParser, ToolCalls, forced_schema, json_or_none, prompt_thinking,
-                    template_thinks, template_writes_tool_calls)
+                    template_thinks, template_tokenizer_loaded, template_writes_tool_calls)
 
 logger = init_logger(__name__)
 T = TypeVar("T")
@@ -584,28 +584,22 @@ class _Shape:
     top: int
     echo: List[str] | None = None  # 补全接口 echo=true 时：第 i 个回答前面的提示词
     tools: ToolCalls | None = None  # 对话请求带了 tools（tool_choice 不是 none）：回答里的调用要切出来
-    reasoning: Thinking | None = None  # 模型会思考（Qwen3 一类）：开头的那一段放进 reasoning_content
+    # 模型会思考（Qwen3 一类）时是 prompt_thinking 说的提示词收尾（"tagged"、"opened"、"closed"）：开头的思考放进
+    # reasoning_content；不切思考时 None
+    reasoning: str | None = None
 
-    def parser(self, uid: int) -> _Splitter | None:
-        """第 uid 个回答的切分器；什么都不切时 None。调用的 id 是 call_<uid>_<k>：一个服务里不会重复。"""
+    def parser(self, uid: int) -> _Splitter:
+        """第 uid 个回答的切分器。调用的 id 是 call_<uid>_<k>：一个服务里不会重复。"""
         return _splitter(self.reasoning, self.tools, uid)
 
-    def finish_reason(self, reason: str | None, parser: _Splitter | None) -> str | None:
-        if self.tools is None or parser is None or parser.tools is None:
+    def finish_reason(self, reason: str | None, parser: _Splitter) -> str | None:
+        if self.tools is None or parser.tools is None:
             return reason
         return self.tools.finish_reason(reason, parser.tools)
 
 @dataclass
-class Thinking:
-    """模型怎样思考（见 prompt_thinking）：opened，模板已经在提示词末尾写了 <think>；closed，提示词里一段空的思考
-    已经关上，模型不再思考。"""
-
-    opened: bool = False
-    closed: bool = False
-
-@dataclass
 class _Splitter:
-    """一个回答的切分：先切出开头的思考，剩下的再切出工具调用。"""
+    """一个回答的切分：先切出开头的思考，剩下的再切出工具调用；两样都不切时文字原样是内容。"""
 
     reasoning: ReasoningParser | None
     tools: ToolCallParser | None
@@ -616,17 +610,13 @@ class _Splitter:
         """思考用了几个 token（usage 的 reasoning_tokens）：到 </think> 为止，包括它。"""
         return self.thinking if self.reasoning is not None and self.reasoning.thought else 0
 
-def _splitter(reasoning: Thinking | None, tools: ToolCalls | None, uid: int) -> _Splitter | None:
-    if reasoning is None and tools is None:
-        return None
-    return _Splitter(ReasoningParser(reasoning.opened) if reasoning is not None else None,
+def _splitter(reasoning: str | None, tools: ToolCalls | None, uid: int) -> _Splitter:
+    return _Splitter(ReasoningParser(reasoning == "opened") if reasoning is not None else None,
                      tools.parser(f"call_{uid}") if tools is not None else None)
 
-def _split(parser: _Splitter | None, text: str, finished: bool) -> Tuple[str, str, List[Dict[str, Any]]]:
-    """一条回复的新文字 → (思考, 内容, 这一段里写完的调用)；回答结束时把扣着的也交出来。没有切分器时文字原样是
-    内容。非流式也一条回复一条回复地喂：切出来的和整段喂一次相同，还能数出思考的 token。"""
-    if parser is None:
-        return "", text, []
+def _split(parser: _Splitter, text: str, finished: bool) -> Tuple[str, str, List[Dict[str, Any]]]:
+    """一条回复的新文字 → (思考, 内容, 这一段里写完的调用)；回答结束时把扣着的也交出来。非流式也一条回复一条
+    回复地喂：切出来的和整段喂一次相同，还能数出思考的 token。"""
     thought, content, calls = "", text, []
     if parser.reasoning is not None:
         parser.thinking += parser.reasoning.state != "content"
@@ -685,7 +675,7 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
             yield b"".join(frames)  # 这次醒来拿到的几条回复，合成一次写出
             frames = []
         if include_usage:  # OpenAI 的约定：最后多一个 choices 为空、只带 usage 的片段
-            thinking = sum(p.reasoning_tokens for p in parsers if p is not None)
+            thinking = sum(p.reasoning_tokens for p in parsers)
             frames.append(_sse({**head, "choices": [], "usage": _usage([r for r in finals if r], shape.n, thinking)}))
         yield b"".join(frames) + b"data: [DONE]\n\n"
 
@@ -696,7 +686,6 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
     choices, thinking = [], 0
     for i, replies in enumerate(groups):
         last = replies[-1]
-        text = "".join(r.incremental_output for r in replies)
         entries = None if last.logprobs is None else [e for r in replies for e in r.logprobs or []]
         choice: Dict[str, Any] = {"index": i, "finish_reason": last.finish_reason}
         if shape.chat:
@@ -704,7 +693,7 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
             pieces = [_split(parser, r.incremental_output, r.finished) for r in replies]
             thought, content, calls = ("".join(p[0] for p in pieces), "".join(p[1] for p in pieces),
                                        [c for p in pieces for c in p[2]])
-            thinking += parser.reasoning_tokens if parser is not None else 0
+            thinking += parser.reasoning_tokens
             choice["finish_reason"] = shape.finish_reason(last.finish_reason, parser)
             message: Dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
             if thought:  # 只在真有思考时才有这个键：不思考的回答和第 15 章的一字不差
@@ -715,7 +704,7 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
             choice["logprobs"] = _chat_logprobs(entries, shape.top)
         else:
             echo = shape.echo[i] if shape.echo else ""
-            choice["text"] = echo + text
+            choice["text"] = echo + "".join(r.incremental_output for r in replies)
             choice["logprobs"] = _completion_logprobs(entries, shape.top, len(echo))
         choices.append(choice)
     return {**shape.head, "object": "chat.completion" if shape.chat else "text_completion", "choices": choices,
@@ -812,20 +801,23 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
     thinking = await _thinking(req.chat_template_kwargs or {}) if req.separate_reasoning and req.messages else None
     return await _generate(req, request, [text], _reasoned(sp, thinking), chat=True, tools=tools, reasoning=thinking)
 
-async def _thinking(options: Dict[str, Any]) -> Thinking | None:
-    """模型会思考时（模板里有 <think>）回答怎样切；不思考时 None。模板有没有替模型写好 <think> 可能取决于请求的
-    chat_template_kwargs，所以按它问 prompt_thinking；第一次问要加载分词器，放进线程里，不卡住别的请求。"""
+async def _thinking(options: Dict[str, Any]) -> str | None:
+    """模型会思考时（模板里有 <think>）提示词怎样收尾（prompt_thinking：回答怎样切、语法等不等思考）；不思考时
+    None。收尾可能取决于请求的 chat_template_kwargs，所以按它问；分词器还没加载时（服务的第一个这样的请求）要一秒
+    上下，放进线程里，不卡住别的请求，之后套一次模板不到一毫秒，结果还有缓存，就地做。"""
     path = str(get_state().config.model_path)
     if not template_thinks(path):
         return None
-    prompt = await asyncio.to_thread(prompt_thinking, path, json.dumps(options, sort_keys=True))
-    return Thinking(opened=prompt == "opened", closed=prompt == "closed")
+    key = json.dumps(options, sort_keys=True)
+    return prompt_thinking(path, key) if template_tokenizer_loaded() else \
+        await asyncio.to_thread(prompt_thinking, path, key)
 
-def _reasoned(sp: SamplingParams, thinking: Thinking | None) -> SamplingParams:
-    """受语法约束的请求发给会思考的模型：让语法等思考写完再管（ThinkingGrammar），思考照样切进 reasoning_content。"""
-    if thinking is None or thinking.closed or sp.grammar is None:
+def _reasoned(sp: SamplingParams, thinking: str | None) -> SamplingParams:
+    """受语法约束的请求发给会思考的模型：让语法等思考写完再管（ThinkingGrammar），思考照样切进 reasoning_content。
+    提示词里的思考已经关上（closed）时模型不再思考，语法从第一个 token 管起。"""
+    if thinking in (None, "closed") or sp.grammar is None:
         return sp
-    return replace(sp, reasoning="opened" if thinking.opened else "tagged")
+    return replace(sp, reasoning=thinking)
 
 def _tools(req: ChatCompletionRequest | ResponsesRequest) -> ToolCalls | None:
     """tools 和 tool_choice → ToolCalls；没有工具、或 tool_choice 是 none（这时工具也不进提示词）时 None。
@@ -890,7 +882,7 @@ def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest | Responses
 
 async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Request,
                     prompts: List[Any], sp: SamplingParams, chat: bool, tools: ToolCalls | None = None,
-                    reasoning: Thinking | None = None):
+                    reasoning: str | None = None):
     """每个提示词 n 个请求（给了 seed 时，第 j 个回答的 seed 是 seed + j），等第一条回复，然后流式或一次性地回答。
     tools：对话模板里写上这些工具，回答里的调用切出来；reasoning：回答开头的思考切出来。"""
     _check_stream_options(req)
@@ -1018,8 +1010,9 @@ class ResponsesText(_Strict):
             name=f.name, schema=f.schema_, description=f.description, strict=f.strict))
 
 class ResponsesRequest(_OpenAIRequest):
-    """/v1/responses 的请求：文字进、文字出，加上函数工具和思考（附录）。不存响应（所以也没有
-    previous_response_id）：多轮对话由客户端把上一轮的输出项（reasoning、function_call……）和工具的结果放进 input。"""
+    """/v1/responses 的请求：文字进、文字出，加上函数工具、思考和结构化输出（附录）。多轮对话两种写法：客户端把上一轮
+    的输出项（reasoning、function_call……）和工具的结果放进 input，或者只发新的项、用 previous_response_id 接上服务
+    记下的对话。"""
 
     input: str | List[Dict[str, Any]]  # 一句话，或者 [{"role": ..., "content": 文字或 input_text 片段}, ...]
     instructions: str | None = None  # 放在最前面的 system 消息
@@ -1155,15 +1148,11 @@ class _Output:
     function_call 项，按出现的先后排 output_index。feed 返回这条回复引出的事件（流式时发出去，非流式时丢掉）；
     回答结束后 items 就是响应的 output。什么也没写的回答有一个空的 message 项。"""
 
-    def __init__(self, rid: str, parser: _Splitter | None, event: Callable[..., bytes]) -> None:
+    def __init__(self, rid: str, parser: _Splitter, event: Callable[..., bytes]) -> None:
         self.rid, self.parser, self.event = rid, parser, event
         self.items: List[Dict[str, Any]] = []
         self.open: Dict[str, int] = {}  # 还在写的文字项（reasoning / message）→ 它的 output_index
         self.texts: Dict[str, str] = {}
-
-    @property
-    def reasoning_tokens(self) -> int:
-        return self.parser.reasoning_tokens if self.parser is not None else 0
 
     def feed(self, ack: UserReply) -> List[bytes]:
         thought, text, calls = _split(self.parser, ack.incremental_output, ack.finished)
@@ -1238,6 +1227,12 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                                    uids, request)
     rid, created, model = f"{_store.epoch}{uids[0]}", int(time.time()), state.config.served_model_name
     parser = _splitter(thinking, tools, uids[0])
+
+    def finished(output: _Output, last: UserReply) -> Dict[str, Any]:
+        """回答完了：响应对象，记下它和到这里为止的整段对话（store 不是 false 时）。"""
+        done = _response_object(req, rid, created, model, last, output.items, parser.reasoning_tokens)
+        return _remember(req, items + output.items, done)
+
     if not req.stream:
         replies = (await state.collect_with_cancellation(uids, request))[0]
         if replies[-1].finish_reason == "error":
@@ -1245,8 +1240,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
         output = _Output(rid, parser, lambda kind, **body: b"")
         for reply in replies:
             output.feed(reply)
-        return _remember(req, items + output.items,
-                         _response_object(req, rid, created, model, replies[-1], output.items, output.reasoning_tokens))
+        return finished(output, replies[-1])
 
     async def events() -> AsyncIterator[bytes]:
         seq = 0
@@ -1268,8 +1262,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
                     return
                 frames += output.feed(ack)
                 if ack.finished:
-                    done = _remember(req, items + output.items, _response_object(
-                        req, rid, created, model, ack, output.items, output.reasoning_tokens))
+                    done = finished(output, ack)
                     frames.append(event(f"response.{done['status']}", response=done))
             yield b"".join(frames)
 

@@ -57,6 +57,11 @@ def template_thinks(model_path: str) -> bool:
 _tokenizer = functools.lru_cache(maxsize=1)(load_tokenizer)  # 服务进程里只有 prompt_thinking 用它
 
 
+def template_tokenizer_loaded() -> bool:
+    """prompt_thinking 要的分词器加载过了：之后套一次模板不到一毫秒。"""
+    return _tokenizer.cache_info().currsize > 0
+
+
 @functools.lru_cache(maxsize=32)
 def prompt_thinking(model_path: str, options: str) -> str:
     """套上模板、加上生成提示的提示词怎样收尾。"opened"：以 <think> 结尾，模板替模型开了头（DeepSeek-R1 的蒸馏模型、
