@@ -14,7 +14,9 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.message import (AbortBackendMsg, AbortMsg, BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg,
                              DetokenizeInfoMsg, DetokenizeMsg, TokenizeMsg, UserMsg, UserReply, encode)
-from minisgl.tokenizer import DetokenizeManager, TokenizeManager, TokenizerLoop, token_bytes, tokenize_worker
+from minisgl.llm import LLM
+from minisgl.tokenizer import (DetokenizeManager, TokenizeManager, TokenizerLoop, nth_sample, token_bytes,
+                               tokenize_worker)
 from minisgl.utils.hf import default_model_path, load_tokenizer, qwen3_tokenizer_dir
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
@@ -435,3 +437,96 @@ def test_new_request_jumps_the_detokenize_backlog(tokenizers: Dict[str, Any]) ->
         proc.join(30)
         send.stop()
         out.stop()
+
+
+def check_idle(llm: LLM) -> None:
+    """一次 generate 之后：槽、运行中的请求、detokenizer 的状态、收结果的字典都回来，缓存的账对得上。"""
+    assert llm.table.num_free == llm.config.max_running_req and not llm.running and not llm.prefill.pending
+    assert not llm.detokenize_manager.states and not llm.detokenize_manager.forgotten
+    assert not (llm._outputs or llm._done or llm._texts or llm._hit)
+    llm.cache.check_integrity()
+
+
+def piece(text: str, start: int, width: int) -> str:
+    """text 里从 start 起第一段不含 U+FFFD 的 width 个字符（随机模型会写出半个字符）。"""
+    return next(text[i:i + width] for i in range(start, len(text)) if "\ufffd" not in text[i:i + width])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_offline_chat_and_stop_strings(tiny_qwen3, overlap: bool) -> None:
+    llm = LLM(tiny_qwen3, device="cpu", page_size=4, num_pages=1024, max_running_req=4, max_seq_len_override=512,
+              enable_overlap=overlap)
+    try:
+        tok = llm.tokenizer
+        chat = [{"role": "user", "content": "数到十"}]
+        greedy = SamplingParams(max_tokens=60, ignore_eos=True)
+        ids = TokenizeManager(tok).encode(chat, {"enable_thinking": False})
+        llm.generate([ids], SamplingParams(max_tokens=1), use_tqdm=False)  # 先算进缓存：之后每次一样地命中
+        full = llm.generate([ids], greedy, use_tqdm=False)[0]
+        convs = llm.chat([chat, chat[:1]], greedy, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
+        assert [o["token_ids"] for o in convs] == [full["token_ids"]] * 2  # 一组对话，和先套模板再 generate 一样
+        assert [o["text"] for o in convs] == [full["text"]] * 2
+        text, out = full["text"], full["token_ids"]
+        assert text == tok.decode(out, skip_special_tokens=True)
+        step, steps = llm.run_step, [0]
+
+        def counting() -> bool:
+            steps[0] += 1
+            return step()
+
+        llm.run_step = counting  # type: ignore[method-assign]
+        for stops in ([piece(text, 20, 3)], [piece(text, 40, 1), "never written"], "never written"):
+            steps[0] = 0
+            got = llm.generate([ids], greedy, use_tqdm=False, stop=stops)[0]
+            stops = [stops] if isinstance(stops, str) else stops
+            # 参照：第 13 章 test_stop_strings_random 的规则——第一个让某个 stop 完整出现的 token 上停下
+            k = next((i for i in range(1, len(out) + 1)
+                      if any(s in tok.decode(out[:i], skip_special_tokens=True) for s in stops)), None)
+            if k is None:
+                assert (got["text"], got["token_ids"], got["finish_reason"]) == (text, out, "length")
+            else:
+                prefix = tok.decode(out[:k], skip_special_tokens=True)
+                assert got["text"] == prefix[:min(i for s in stops if (i := prefix.find(s)) >= 0)]
+                assert (got["token_ids"], got["finish_reason"]) == (out[:k], "stop")
+                assert steps[0] <= k + 5 < len(out)  # 调度器真的停下了，不是生成完再截（重叠时结果晚一步，中止后收尾几步）
+            check_idle(llm)
+        del llm.run_step
+        # 用户给的 stop token 是个普通的词：和服务一样，不进文字
+        got = llm.generate([ids], SamplingParams(max_tokens=60, stop_token_ids=[out[5]]), use_tqdm=False)[0]
+        first = out.index(out[5])
+        assert (got["token_ids"], got["finish_reason"]) == (out[:first + 1], "stop")
+        assert got["text"] == tok.decode(out[:first], skip_special_tokens=True)
+        check_idle(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_offline_n_answers(tiny_qwen3) -> None:
+    llm = LLM(tiny_qwen3, device="cpu", page_size=4, num_pages=1024, max_running_req=8, max_seq_len_override=256)
+    try:
+        prompts = ["一二三", "Hello there"]
+        llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)  # 先算进缓存：之后每次命中得一样
+        sp = SamplingParams(temperature=1.0, max_tokens=12, seed=2**63 - 2, ignore_eos=True)
+        many = llm.generate(prompts, sp, use_tqdm=False, n=3)
+        assert len(many) == 6 and len({tuple(o["token_ids"]) for o in many}) == 6  # 各不相同
+        for p, prompt in enumerate(prompts):  # 第 p 个提示词的第 j 个回答：和单独发 seed + j（回绕）的一样
+            for j in range(3):
+                alone = llm.generate(prompt, nth_sample(sp, j), use_tqdm=False)[0]
+                assert many[p * 3 + j]["token_ids"] == alone["token_ids"], (p, j)
+        assert [nth_sample(sp, j).seed for j in range(3)] == [2**63 - 2, 2**63 - 1, -2**63]
+        assert nth_sample(SamplingParams(), 5) == SamplingParams()  # 没给 seed：原样
+        greedy = llm.generate(prompts[0], SamplingParams(max_tokens=8), use_tqdm=False, n=2)
+        assert greedy[0] == {**greedy[1], "cached_tokens": greedy[0]["cached_tokens"]}
+        check_idle(llm)
+        for bad, error, match in [(dict(n=0), ValueError, "n=0 must be an integer >= 1"),
+                                  (dict(n=True), ValueError, "n=True"), (dict(n=1.5), ValueError, "n=1.5"),
+                                  (dict(stop=5), TypeError, "stop must be a string or a list of strings"),
+                                  (dict(stop=["a", None]), TypeError, "stop must be")]:
+            with pytest.raises(error, match=match):
+                llm.generate(prompts, **bad)
+        for bad in ("hi", [{"content": "no role"}], [[]], 5):
+            with pytest.raises(TypeError, match="conversations must be"):
+                llm.chat(bad)
+        check_idle(llm)
+    finally:
+        llm.shutdown()

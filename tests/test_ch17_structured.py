@@ -811,6 +811,49 @@ def test_server_formats_streams_and_400s(server, tiny_qwen3, checker: GrammarBac
     assert text.count("allows no next token") == 2
 
 
+def test_generate_keeps_chapter_15s_guards(server, monkeypatch) -> None:
+    """附录重写了 _generate，第 15 章的两处照样在：补全接口没给 max_tokens 时，放不下的 400 说出 16 从哪来；
+    发到一半失败时，发出去的请求中止，没发出的登记忘掉。"""
+    port, _ = server
+    with pytest.raises(BadRequestError) as e:  # 服务的上下文 512：500 个 token 的提示词只剩 12 个位置
+        client(port).completions.create(model="m", prompt=[7] * 500)
+    assert e.value.body["param"] == "max_tokens" and e.value.body["message"].startswith(
+        "max_tokens=16 (the completions API's default: the request gives none) is too large: the prompt has 500 "
+        "tokens and the context is 512, so at most 12 tokens can be generated"), e.value.body
+    from minisgl.server import api_server
+
+    class State:  # _generate 在发完之前用到的几样：登记、发送（第三个失败）、忘掉、中止
+        def __init__(self) -> None:
+            self.registered, self.sent, self.aborted = set(), [], []
+
+        def new_users(self, k: int) -> List[int]:
+            self.registered |= set(range(10, 10 + k))
+            return list(range(10, 10 + k))
+
+        async def send_one(self, msg: Any) -> None:
+            if len(self.sent) == 2:
+                raise ConnectionError("the tokenizer is gone")
+            self.sent.append(msg.uid)
+
+        def _forget(self, uid: int) -> None:
+            self.registered.discard(uid)
+
+        async def abort_users(self, uids: List[int]) -> None:
+            self.aborted += uids
+
+    state = State()
+    monkeypatch.setattr(api_server, "get_state", lambda: state)
+
+    async def go() -> None:
+        req = api_server.CompletionRequest(model="m", prompt="hi", n=4, seed=3)
+        with pytest.raises(ConnectionError):
+            await api_server._generate(req, None, ["hi"], SamplingParams(seed=3), chat=False)
+        await asyncio.sleep(0)  # 中止是另起的任务
+
+    asyncio.run(go())
+    assert (state.sent, state.aborted, state.registered) == ([10, 11], [10, 11], {10, 11})
+
+
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},
            "required": ["city", "unit"]}

@@ -1,4 +1,4 @@
-# Tangled from book/chapters/ch09_continuous_batching.ipynb — edit the notebook, not this file.
+# Tangled from book/chapters/ch09_continuous_batching.ipynb and ch13_tokenizer.ipynb — edit the notebooks, not this file.
 from __future__ import annotations
 
 import signal
@@ -12,9 +12,11 @@ from tqdm.auto import tqdm
 from minisgl.core import SamplingParams
 from minisgl.message import DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.tokenizer import DetokenizeManager, TokenizeManager, nth_sample
 from minisgl.utils.hf import load_tokenizer, resolve_model_path
 
 Prompt = str | List[int]
+Conversation = List[Dict[str, Any]]  # 一段对话：[{"role": "user", "content": "..."}, ...]
 
 
 @contextmanager
@@ -37,17 +39,22 @@ def sigint_between_steps() -> Iterator[List[bool]]:
 
 
 class LLM(Scheduler):
-    """离线推理：在本进程里跑调度器。LLM(model, **config).generate(prompts, sampling_params)。"""
+    """离线推理：在本进程里跑调度器。LLM(model, **config).generate(prompts, sampling_params)；对话用
+    .chat(conversations, sampling_params)。两者都收 n（每个提示词几个回答）和 stop（stop 字符串）。"""
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
         path = resolve_model_path(model)
         super().__init__(SchedulerConfig(model_path=path, **config))
         self.tokenizer = load_tokenizer(path)
+        self.tokenize_manager = TokenizeManager(self.tokenizer)  # 对话模板：和服务用的是同一个
+        self.detokenize_manager = DetokenizeManager(self.tokenizer)  # 只有带 stop 字符串的请求过它
         self._outputs: Dict[int, List[int]] = {}
         self._done: Dict[int, str] = {}
         self._cached: Dict[int, int] = {}
         self._logprobs: Dict[int, List[float]] = {}
         self._top: Dict[int, List[List[Tuple[int, float]]]] = {}
+        self._texts: Dict[int, List[str]] = {}  # 带 stop 字符串的请求：detokenizer 一段段给出的文字
+        self._hit: List[int] = []  # 命中了 stop 字符串、调度器还在生成的请求：在两步之间中止
         self._next_uid = 0
 
     def __enter__(self) -> "LLM":  # with LLM(...) as llm: 离开时 shutdown
@@ -58,6 +65,15 @@ class LLM(Scheduler):
 
     def send_result(self, replies: List[DetokenizeMsg]) -> None:
         for r in replies:
+            finished, reason = r.finished, r.finish_reason
+            if r.uid in self._texts:  # 带 stop 字符串：每个 token 先过 detokenizer，和服务里一样
+                reply = self.detokenize_manager.detokenize(r)
+                if reply is None:  # 命中之后路上的 token、中止的那条消息：都不要
+                    continue
+                self._texts[r.uid].append(reply.incremental_output)
+                if reply.finished and not r.finished:  # 命中了：这个 token 还算，请求在这一步之后中止
+                    self._hit.append(r.uid)
+                finished, reason = reply.finished, reply.finish_reason
             if r.next_token >= 0:
                 self._outputs[r.uid].append(r.next_token)
             if r.cached_tokens:
@@ -66,13 +82,16 @@ class LLM(Scheduler):
                 self._logprobs.setdefault(r.uid, []).append(r.logprob)
             if r.top_ids is not None:
                 self._top.setdefault(r.uid, []).append(list(zip(r.top_ids, r.top_logprobs)))
-            if r.finished:
-                self._done[r.uid] = r.finish_reason or "stop"
+            if finished:
+                self._done[r.uid] = reason or "stop"
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> List[Dict[str, Any]]:
+                 use_tqdm: bool = True, *, n: int = 1,
+                 stop: str | Sequence[str] | None = None) -> List[Dict[str, Any]]:
         """prompts：一个或一组（字符串或 token id 列表）；sampling_params：一个（所有请求共用）或每个请求一个。
+        n：每个提示词几个回答（给了 seed 时第 j 个用 seed + j），结果按提示词排，同一个提示词的 n 个挨着；
+        stop：stop 字符串（一个或一组，这次的请求共用），文字截在最先出现的那个前面，finish_reason 是 "stop"。
 
         返回每个请求一个 {"text", "token_ids", "finish_reason", "cached_tokens"}，顺序与 prompts 相同；
         cached_tokens 是提示词里命中前缀缓存、没有重新 prefill 的 token 数。要了 logprobs 的请求还有 "logprobs"
@@ -89,11 +108,20 @@ class LLM(Scheduler):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
         if not all(isinstance(sp, SamplingParams) for sp in params):
             raise TypeError("sampling_params must be SamplingParams (one, or one per prompt)")
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+            raise ValueError(f"n={n!r} must be an integer >= 1 (answers per prompt)")
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not (isinstance(stops, (list, tuple)) and all(isinstance(s, str) for s in stops)):
+            raise TypeError(f"stop must be a string or a list of strings; got {stop!r:.60}")
         encoded = [self._prompt_ids(p, sp) for p, sp in zip(prompts, params)]  # 先全部检查：有一个不合格，就一个也不交
-        uids = list(range(self._next_uid, self._next_uid + len(encoded)))
-        self._next_uid += len(encoded)
-        for uid, ids, sp in zip(uids, encoded, params):
+        requests = [(ids, nth_sample(sp, j)) for ids, sp in zip(encoded, params) for j in range(n)]
+        uids = list(range(self._next_uid, self._next_uid + len(requests)))
+        self._next_uid += len(requests)
+        for uid, (ids, sp) in zip(uids, requests):
             self._outputs[uid] = []
+            if stops:
+                self._texts[uid] = []
+                self.detokenize_manager.add_request(uid, len(ids), stops)
             self.receive_msg(UserMsg(uid, torch.tensor(ids, dtype=torch.int32), sp))
         bar = tqdm(total=len(uids), desc="generate", disable=not use_tqdm)
         with torch.inference_mode(), sigint_between_steps() as interrupted:
@@ -104,6 +132,9 @@ class LLM(Scheduler):
                     # 语法编译失败）已经结束了，这一步却返回"没事可做"
                     if not self.run_step() and any(u not in self._done for u in uids):
                         raise RuntimeError("the scheduler stopped with requests unfinished")
+                    for uid in self._hit:  # 命中 stop 字符串：让调度器停下，槽和页回来
+                        self.abort_request(uid)
+                    self._hit.clear()
                     bar.update(len(self._done) - before)
                 if interrupted[0]:  # 还没结束的都中止（已经结束的什么也不做）：槽和页在下面的几步里回来
                     for uid in uids:
@@ -112,6 +143,7 @@ class LLM(Scheduler):
                     pass
             except BaseException:  # 一步算到半路抛了异常（显存不够、bug）：这次的请求全部中止、资源收回，再原样抛出
                 self.forget_in_flight()
+                self._hit.clear()
                 for uid in uids:
                     self.abort_request(uid)
                 self._drop(uids)
@@ -123,9 +155,11 @@ class LLM(Scheduler):
             raise KeyboardInterrupt
         results = []
         for uid in uids:
-            ids = self._outputs.pop(uid)
-            out = {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
-                   "finish_reason": self._done.pop(uid), "cached_tokens": self._cached.pop(uid, 0)}
+            ids, finish, pieces = self._outputs.pop(uid), self._done.pop(uid), self._texts.pop(uid, None)
+            # 和 detokenizer 一样：以 "stop" 结束（EOS、stop_token_ids）时最后一个 token 不显示
+            text = "".join(pieces) if pieces is not None else \
+                self.tokenizer.decode(ids[:-1] if finish == "stop" else ids, skip_special_tokens=True)
+            out = {"text": text, "token_ids": ids, "finish_reason": finish, "cached_tokens": self._cached.pop(uid, 0)}
             if uid in self._logprobs:
                 out["logprobs"] = self._logprobs.pop(uid)
             if uid in self._top:
@@ -133,10 +167,26 @@ class LLM(Scheduler):
             results.append(out)
         return results
 
+    def chat(self, conversations: Conversation | Sequence[Conversation],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True, *,
+             n: int = 1, stop: str | Sequence[str] | None = None,
+             chat_template_kwargs: Dict[str, Any] | None = None) -> List[Dict[str, Any]]:
+        """conversations：一段对话（消息的列表）或一组对话。套上模型的对话模板（TokenizeManager，和服务的
+        /v1/chat/completions 一样；chat_template_kwargs 原样交给模板，比如 Qwen3 的 enable_thinking），再 generate。"""
+        if isinstance(conversations, (list, tuple)) and conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # 一段对话
+        if not isinstance(conversations, (list, tuple)) or not all(
+                isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) and "role" in m for m in c)
+                for c in conversations):
+            raise TypeError("conversations must be a list of messages ({'role': ..., 'content': ...}), "
+                            "or a list of such lists")
+        prompts = [self.tokenize_manager.encode(list(c), chat_template_kwargs) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm, n=n, stop=stop)
+
     def _drop(self, uids: List[int]) -> None:
         """这次调用的结果不要了（Ctrl-C、出错）：收结果的几个字典里不留它们。"""
         for uid in uids:
-            for outputs in (self._outputs, self._done, self._cached, self._logprobs, self._top):
+            for outputs in (self._outputs, self._done, self._cached, self._logprobs, self._top, self._texts):
                 outputs.pop(uid, None)
 
     def _prompt_ids(self, prompt: Prompt, sp: SamplingParams) -> List[int]:

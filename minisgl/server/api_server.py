@@ -24,6 +24,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import (AbortMsg, BaseFrontendMsg, BaseTokenizerMsg, BatchFrontendMsg, SchedulerStats,
                              TokenizeMsg, UserReply)
 from minisgl.structured import JSON_OBJECT_SCHEMA, check_grammar
+from minisgl.tokenizer import nth_sample
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
@@ -894,13 +895,22 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     options = (req.chat_template_kwargs or {}) if isinstance(req, ChatCompletionRequest) else {}
     if tools is not None:
         options = {**options, "tools": tools.tools}
-    for k, uid in enumerate(uids):
-        p, j = divmod(k, n)
-        sp_j = sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j + 2**63) % 2**64 - 2**63)
-        await state.send_one(TokenizeMsg(uid=uid, text=prompts[p], sampling_params=sp_j, chat_options=options,
-                                         stop=stops))
-    await state.until_disconnected(state.first_replies(uids, param="messages" if chat else "prompt",
-                                                       max_tokens_param=_max_tokens_param(req)), uids, request)
+    sent = 0
+    try:
+        for k, uid in enumerate(uids):
+            p, j = divmod(k, n)
+            await state.send_one(TokenizeMsg(uid=uid, text=prompts[p], sampling_params=nth_sample(sp, j),
+                                             chat_options=options, stop=stops))
+            sent += 1
+    except BaseException:  # 发到一半失败（服务在关闭）或被取消：发出去的要中止，没发出的登记要忘掉
+        asyncio.create_task(state.abort_users(uids[:sent]))
+        for uid in uids[sent:]:
+            state._forget(uid)
+        raise
+    default = isinstance(req, CompletionRequest) and req.max_tokens is None  # 客户端没给：说出 16 从哪来
+    await state.until_disconnected(state.first_replies(
+        uids, param="messages" if chat else "prompt", max_tokens_param=_max_tokens_param(req),
+        max_tokens_note=" (the completions API's default: the request gives none)" if default else ""), uids, request)
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uids[0]}", "created": int(time.time()),
             "model": state.config.served_model_name}
     top = (req.top_logprobs or 0) if isinstance(req, ChatCompletionRequest) else (req.logprobs or 0)

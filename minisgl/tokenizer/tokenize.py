@@ -1,10 +1,12 @@
 # Tangled from book/chapters/ch13_tokenizer.ipynb — edit the notebook, not this file.
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List
 
 import torch
 
+from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserMsg
 
 
@@ -50,3 +52,11 @@ class TokenizeManager:
                              f"is {limit}, so at most {limit - n} tokens can be generated")
         input_ids = torch.tensor(ids, dtype=torch.int32)  # [L]，CPU
         return UserMsg(uid=msg.uid, input_ids=input_ids, sampling_params=msg.sampling_params)
+
+
+def nth_sample(sp: SamplingParams, j: int) -> SamplingParams:
+    """同一个提示词的 n 个回答里第 j 个（从 0 数）的采样参数：给了 seed 时用 seed + j（在 64 位有符号整数里回绕）。
+    于是 n 个回答各不相同，第 j 个又和单独发一个 seed + j 的请求一样；没给 seed 或 j = 0 时原样返回。"""
+    if sp.seed is None or j == 0:
+        return sp
+    return replace(sp, seed=(sp.seed + j + 2**63) % 2**64 - 2**63)
