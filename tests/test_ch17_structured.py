@@ -854,6 +854,65 @@ def test_generate_keeps_chapter_15s_guards(server, monkeypatch) -> None:
     assert (state.sent, state.aborted, state.registered) == ([10, 11], [10, 11], {10, 11})
 
 
+def test_server_continue_final_message(server, tiny_qwen3) -> None:
+    """continue_final_message：回答接着最后一条 assistant 消息的文字往下写。提示词是模板为这段对话、不加生成提示
+    渲染出来的：贪心的回答和把这段文字当纯提示词发给补全接口的逐字相同，回答里没有那段开头，也不切思考。最后一条
+    不是 assistant 消息、它没有文字、和语法一起给，都是 400。"""
+    port, _ = server
+    c = client(port)
+    tok = load_tokenizer(tiny_qwen3)
+    chat = [{"role": "user", "content": "Give me JSON."}, {"role": "assistant", "content": '{"name": "'}]
+    rendered = tok.apply_chat_template(chat, tokenize=False, continue_final_message=True)
+    assert rendered.endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n{"name": "')
+    c.completions.create(model="m", prompt=rendered, max_tokens=1)  # 先进缓存：两个请求之后一样地命中
+    r = c.chat.completions.create(model="m", messages=chat, max_tokens=8, temperature=0,
+                                  extra_body={"continue_final_message": True})
+    plain = c.completions.create(model="m", prompt=rendered, max_tokens=8, temperature=0)
+    assert r.choices[0].message.content == plain.choices[0].text and r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == plain.usage.prompt_tokens == len(tok.encode(rendered, add_special_tokens=False))
+    assert "reasoning_content" not in r.choices[0].message.model_dump(exclude_unset=True)
+    for messages, extra, message in [(chat[:1], {}, "needs the last message to be an assistant message"),
+                                     (chat[:1] + [{"role": "assistant", "content": " "}], {}, "with text to continue"),
+                                     (chat, {"response_format": {"type": "json_object"}}, "cannot be combined")]:
+        with pytest.raises(BadRequestError) as e:
+            c.chat.completions.create(model="m", messages=messages, max_tokens=4,
+                                      extra_body={"continue_final_message": True, **extra})
+        assert e.value.body["param"] == "continue_final_message" and message in e.value.body["message"], e.value.body
+
+
+def test_server_responses_logprobs(server) -> None:
+    """Responses API 的 include message.output_text.logprobs：message 项的文字带上每个 token 的对数概率，和对话接口
+    同一个贪心请求的逐项相同；top_logprobs 截到要的个数；流式 delta 事件里的接起来等于非流式的（事件里没有 bytes）；
+    没要时是空的；top_logprobs 不带 include、超出 0..20 都是 400。"""
+    port, _ = server
+    c = client(port)
+    ask = [{"role": "user", "content": "Say something."}]
+    c.chat.completions.create(model="m", messages=ask, max_tokens=1, extra_body=DIRECT)  # 先进缓存：之后一样地命中
+    chat = c.chat.completions.create(model="m", messages=ask, max_tokens=12, temperature=0, logprobs=True,
+                                     top_logprobs=3, extra_body=DIRECT).choices[0]
+    kw = dict(model="m", input=ask, max_output_tokens=12, temperature=0, extra_body=DIRECT)
+    r = c.responses.create(include=["message.output_text.logprobs"], top_logprobs=3, **kw)
+    part = r.output[0].content[0]
+    assert part.text == chat.message.content and len(part.logprobs) == 12 and r.top_logprobs == 3
+    assert [lp.model_dump() for lp in part.logprobs] == [e.model_dump() for e in chat.logprobs.content]
+    assert all(len(lp.top_logprobs) == 3 for lp in part.logprobs)
+    events = list(c.responses.create(include=["message.output_text.logprobs"], top_logprobs=3, stream=True, **kw))
+    want = [{"token": lp.token, "logprob": lp.logprob,
+             "top_logprobs": [{"token": t.token, "logprob": t.logprob} for t in lp.top_logprobs]} for lp in part.logprobs]
+    assert [lp.model_dump() for e in events if e.type == "response.output_text.delta" for lp in e.logprobs] == want
+    assert [lp.model_dump() for lp in next(e for e in events if e.type == "response.output_text.done").logprobs] == want
+    assert events[-1].response.output[0].content == r.output[0].content  # 流式的最后一个响应对象也一样
+    none = c.responses.create(include=["message.output_text.logprobs"], **kw).output[0].content[0].logprobs
+    assert [(lp.token, lp.top_logprobs) for lp in none] == [(lp.token, []) for lp in part.logprobs]
+    assert c.responses.create(**kw).output[0].content[0].logprobs == []
+    for body, message in [({"top_logprobs": 2}, "top_logprobs needs include"),
+                          ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs=21")]:
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/responses", timeout=60,
+                              json={"model": "m", "input": "hi", "max_output_tokens": 4, **body})
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "top_logprobs" and message in error["message"], error
+
+
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},
            "required": ["city", "unit"]}
@@ -1102,13 +1161,16 @@ def test_responses_output_items() -> None:
 
     said = '<think>\nPlan it.\n</think>\n\nChecking.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 
-    def run(pieces: List[str]) -> Tuple[_Output, List[Tuple[str, Dict[str, Any]]]]:
+    def run(pieces: List[str], top: int | None = None) -> Tuple[_Output, List[Tuple[str, Dict[str, Any]]]]:
         events: List[Tuple[str, Dict[str, Any]]] = []
         out = _Output("7", _splitter("tagged", ToolCalls(TOOLS), 7), lambda kind, **body: events.append((kind, body))
-                      or b"")
+                      or b"", top)
         for k, piece in enumerate(pieces):
             last = k == len(pieces) - 1
-            out.feed(UserReply(uid=7, incremental_output=piece, finished=last, finish_reason="stop" if last else None))
+            lp = None if top is None else [{"token": piece, "bytes": list(piece.encode()), "logprob": -0.5,
+                                             "top_logprobs": [{"token": "x", "bytes": [120], "logprob": -1.0}] * 2}]
+            out.feed(UserReply(uid=7, incremental_output=piece, finished=last, finish_reason="stop" if last else None,
+                               logprobs=lp))
         return out, events
 
     whole, _ = run([said])
@@ -1125,6 +1187,18 @@ def test_responses_output_items() -> None:
         assert written == (item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"])
     kinds = [kind for kind, _ in events]
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    assert whole.items[1]["content"][0]["logprobs"] == [] and all(  # 没要 logprobs：空的
+        body["logprobs"] == [] for kind, body in events if kind.startswith("response.output_text."))
+    # 要了（每个位置另给 1 个）：一个字符一条回复、各带一项。message 项只拿到写出它的文字的几项（连同 </think> 之后扣着
+    # 的空行），思考、</think>、调用的不算；事件里的每一项没有 bytes
+    out, events = run(list(said) + [""], top=1)
+    assert out.items[1]["content"][0]["text"] == "Checking."
+    assert [(e["token"], e["bytes"], len(e["top_logprobs"])) for e in out.items[1]["content"][0]["logprobs"]] == \
+        [(ch, list(ch.encode()), 1) for ch in "\n\nChecking."]
+    deltas = [e for kind, body in events if kind == "response.output_text.delta" for e in body["logprobs"]]
+    assert deltas == [{"token": ch, "logprob": -0.5, "top_logprobs": [{"token": "x", "logprob": -1.0}]}
+                      for ch in "\n\nChecking."]
+    assert next(body for kind, body in events if kind == "response.output_text.done")["logprobs"] == deltas
 
 def test_server_responses_text_format(server) -> None:
     """Responses API 的 text.format：json_schema（官方客户端的 responses.parse 从 pydantic 模型生成它）解析得出模型，
@@ -1384,7 +1458,7 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
            ({"input": [turn[2] | {"call_id": None}]}, "input", "needs a call_id"),
            ({"input": [turn[2] | {"output": 3}]}, "input", "must be text"),
            ({"input": [thought | {"content": [{"type": "summary_text", "text": "x"}]}]}, "input", "reasoning_text"),
-           ({"include": ["message.output_text.logprobs"]}, "include", "reasoning.encrypted_content"),
+           ({"include": ["file_search_call.results"]}, "include", "message.output_text.logprobs"),
            ({"tools": [{"type": "web_search"}]}, "tools", "tools.0"),
            ({"tools": flat, "tool_choice": {"type": "function", "name": "fly"}}, "tool_choice", "not in tools")]
     for body, param, message in bad:

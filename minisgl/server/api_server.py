@@ -423,7 +423,7 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = None
     modalities: List[str] | None = None  # 只认 ["text"]（默认）
     chat_template_kwargs: Dict[str, Any] | None = None  # 例如 {"enable_thinking": false}
-    continue_final_message: Literal[False] = False  # SGLang：接着最后一条 assistant 消息往下写
+    continue_final_message: bool = False  # SGLang、vLLM：接着最后一条 assistant 消息往下写（替模型写好回答的开头）
     stream_reasoning: Literal[True] = True  # SGLang：思考边写边发（我们总是这样）
     # 工具调用和思考（本附录最后一节）
     separate_reasoning: bool = True  # SGLang：模板会思考的模型（Qwen3……），开头的 <think>…</think> 单独放
@@ -799,7 +799,16 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp = _sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, get_state().vocab_size)
-    thinking = await _thinking(req.chat_template_kwargs or {}) if req.separate_reasoning and req.messages else None
+    if req.continue_final_message:  # 回答接着最后一条消息的文字写：它是回答的正文，不切思考
+        if not (req.messages and text[-1]["role"] == "assistant" and text[-1]["content"].strip()):
+            raise APIError(400, "continue_final_message needs the last message to be an assistant message with text "
+                                "to continue", param="continue_final_message")
+        if sp.grammar is not None:
+            raise APIError(400, "continue_final_message cannot be combined with response_format, regex, ebnf or a "
+                                "forced tool call: the grammar would start in the middle of the answer",
+                           param="continue_final_message")
+    thinking = await _thinking(req.chat_template_kwargs or {}) \
+        if req.separate_reasoning and req.messages and not req.continue_final_message else None
     return await _generate(req, request, [text], _reasoned(sp, thinking), chat=True, tools=tools, reasoning=thinking)
 
 async def _thinking(options: Dict[str, Any]) -> str | None:
@@ -893,6 +902,8 @@ async def _generate(req: ChatCompletionRequest | CompletionRequest, request: Req
     n = req.n
     uids = state.new_users(len(prompts) * n)
     options = (req.chat_template_kwargs or {}) if isinstance(req, ChatCompletionRequest) else {}
+    if isinstance(req, ChatCompletionRequest) and req.continue_final_message:
+        options = {**options, "continue_final_message": True}
     if tools is not None:
         options = {**options, "tools": tools.tools}
     sent = 0
@@ -1041,8 +1052,10 @@ class ResponsesRequest(_OpenAIRequest):
     tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
     parallel_tool_calls: bool = True
     # 响应里还要带上的东西（OpenAI Agents SDK 每次都发这个字段，通常是空的）。reasoning.encrypted_content 是给不存
-    # 响应的客户端送回思考用的；我们的 reasoning 项把思考原样放在 content 里，送回它就行：照收，不用另给
-    include: List[Literal["reasoning.encrypted_content"]] | None = None
+    # 响应的客户端送回思考用的；我们的 reasoning 项把思考原样放在 content 里，送回它就行：照收，不用另给。
+    # message.output_text.logprobs：message 项的文字带上每个 token 的对数概率
+    include: List[Literal["reasoning.encrypted_content", "message.output_text.logprobs"]] | None = None
+    top_logprobs: int | None = None  # 0..20：每个位置另给最可能的几个（要和上面的 logprobs 一起给）
     previous_response_id: str | None = None  # 接着这个响应往下说：服务记得它的整段对话（下面的 ResponseStore）
     chat_template_kwargs: Dict[str, Any] | None = None  # 和对话接口的同名扩展一样：例如 {"enable_thinking": false}
 
@@ -1129,7 +1142,8 @@ def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, 
         else choice.model_dump(), "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
         "text": {"format": req.text.format.model_dump(by_alias=True, exclude_none=True)
                  if req.text is not None and req.text.format is not None else {"type": "text"}},
-        "store": req.store is not False, "previous_response_id": req.previous_response_id, "error": None,
+        "top_logprobs": req.top_logprobs, "store": req.store is not False,
+        "previous_response_id": req.previous_response_id, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None, "usage": None}
     if last is not None:
         obj["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.completion_tokens,
@@ -1140,12 +1154,15 @@ def _response_object(req: ResponsesRequest, rid: str, created: int, model: str, 
 
 _TEXT_ITEMS = {"reasoning": ("rs", "reasoning_text"), "message": ("msg", "output_text")}  # id 的前缀，文字片段的类型
 
-def _text_item(kind: str, rid: str, text: str | None, status: str) -> Dict[str, Any]:
-    """思考（reasoning 项）或文字（message 项）。text 是 None 时（刚加入、还没写）content 是空的。"""
+def _text_item(kind: str, rid: str, text: str | None, status: str,
+               logprobs: List[Dict[str, Any]] | None = None) -> Dict[str, Any]:
+    """思考（reasoning 项）或文字（message 项）。text 是 None 时（刚加入、还没写）content 是空的；logprobs：message
+    项文字的每个 token（对话接口 logprobs.content 的形状），没要时是空的。"""
     if kind == "reasoning":
         content = [] if text is None else [{"type": "reasoning_text", "text": text}]
         return {"type": "reasoning", "id": f"rs_{rid}", "summary": [], "content": content, "status": status}
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [],
+                                        "logprobs": logprobs or []}]
     return {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": content}
 
 def _function_call_item(rid: str, call: Dict[str, Any], status: str) -> Dict[str, Any]:
@@ -1156,21 +1173,31 @@ def _function_call_item(rid: str, call: Dict[str, Any], status: str) -> Dict[str
 class _Output:
     """一个回答的输出项，一条回复一条回复地建起来：思考是 reasoning 项，文字是 message 项，每个调用一个
     function_call 项，按出现的先后排 output_index。feed 返回这条回复引出的事件（流式时发出去，非流式时丢掉）；
-    回答结束后 items 就是响应的 output。什么也没写的回答有一个空的 message 项。"""
+    回答结束后 items 就是响应的 output。什么也没写的回答有一个空的 message 项。
+    top：要了 logprobs 时每个位置另给几个（None：没要）。对数概率只给 message 项的文字：一条回复的几项跟着它切出来的
+    文字走，文字被切分器扣着时先存着；这条回复没写文字、却写了思考或调用（或者算进了思考：</think>）时，它们属于
+    思考或调用，不给。"""
 
-    def __init__(self, rid: str, parser: _Splitter, event: Callable[..., bytes]) -> None:
-        self.rid, self.parser, self.event = rid, parser, event
+    def __init__(self, rid: str, parser: _Splitter, event: Callable[..., bytes], top: int | None = None) -> None:
+        self.rid, self.parser, self.event, self.top = rid, parser, event, top
         self.items: List[Dict[str, Any]] = []
         self.open: Dict[str, int] = {}  # 还在写的文字项（reasoning / message）→ 它的 output_index
         self.texts: Dict[str, str] = {}
+        self.logprobs: List[Dict[str, Any]] = []  # message 项的文字的每个 token（对话接口的形状）
+        self.pending: List[Dict[str, Any]] = []  # 文字还扣在切分器里的 token
 
     def feed(self, ack: UserReply) -> List[bytes]:
+        thinking = self.parser.reasoning_tokens
         thought, text, calls = _split(self.parser, ack.incremental_output, ack.finished)
+        got = _chat_logprobs(ack.logprobs, self.top or 0)  # 这条回复带来的 token；没要 logprobs 时是 None
+        entries, self.pending = self.pending + (got["content"] if got else []), []
+        if not (text or thought or calls or self.parser.reasoning_tokens > thinking):
+            self.pending = entries  # 文字还扣在切分器里：等它出来
         frames = self._write("reasoning", thought) if thought else []
         if text or calls:  # 思考写完了
             frames += self._close("reasoning")
         if text:
-            frames += self._write("message", text)
+            frames += self._write("message", text, entries)
         for call in calls:  # 写完一个调用：它的输出项从加入到完成，参数一次给全
             at = dict(item_id=f"fc_{self.rid}_{call['index']}", output_index=len(self.items))
             self.items.append(_function_call_item(self.rid, call, "completed"))
@@ -1189,13 +1216,17 @@ class _Output:
     def _where(self, kind: str) -> Dict[str, Any]:
         return dict(item_id=f"{_TEXT_ITEMS[kind][0]}_{self.rid}", output_index=self.open[kind], content_index=0)
 
-    def _text_event(self, kind: str, what: str, **body: Any) -> bytes:
-        """文字项的 delta / done 事件；response.output_text.* 还带一个 logprobs（我们不给，是空的）。"""
-        extra = {"logprobs": []} if kind == "message" else {}
+    def _text_event(self, kind: str, what: str, logprobs: List[Dict[str, Any]] = (), **body: Any) -> bytes:
+        """文字项的 delta / done 事件；response.output_text.* 还带这一段的 logprobs（没要时是空的），事件里的
+        每一项只有 token、logprob 和同样两个键的 top_logprobs（OpenAI 事件的形状）。"""
+        extra = {"logprobs": [{"token": e["token"], "logprob": e["logprob"], "top_logprobs": [
+            {"token": t["token"], "logprob": t["logprob"]} for t in e["top_logprobs"]]} for e in logprobs]} \
+            if kind == "message" else {}
         return self.event(f"response.{_TEXT_ITEMS[kind][1]}.{what}", **self._where(kind), **body, **extra)
 
-    def _write(self, kind: str, delta: str) -> List[bytes]:
-        """往一个文字项里写一段；还没有这一项时先加入它（output_item.added、content_part.added）。"""
+    def _write(self, kind: str, delta: str, logprobs: List[Dict[str, Any]] = ()) -> List[bytes]:
+        """往一个文字项里写一段（message 项连同这一段的 logprobs）；还没有这一项时先加入它（output_item.added、
+        content_part.added）。"""
         frames = []
         if kind not in self.open:
             self.open[kind], self.texts[kind] = len(self.items), ""
@@ -1204,15 +1235,17 @@ class _Output:
                        self.event("response.content_part.added", **self._where(kind),
                                   part=_text_item(kind, self.rid, "", "in_progress")["content"][0])]
         self.texts[kind] += delta
-        return frames + ([self._text_event(kind, "delta", delta=delta)] if delta else [])
+        if kind == "message":
+            self.logprobs += logprobs
+        return frames + ([self._text_event(kind, "delta", logprobs, delta=delta)] if delta else [])
 
     def _close(self, kind: str) -> List[bytes]:
         """一个文字项写完了：它的 done 事件（文字、片段、项）；没有这一项、或已经关了时什么也不发。"""
         if kind not in self.open:
             return []
         k, text = self.open[kind], self.texts[kind]
-        self.items[k] = _text_item(kind, self.rid, text, "completed")
-        frames = [self._text_event(kind, "done", text=text),
+        self.items[k] = _text_item(kind, self.rid, text, "completed", self.logprobs if kind == "message" else None)
+        frames = [self._text_event(kind, "done", self.logprobs if kind == "message" else (), text=text),
                   self.event("response.content_part.done", **self._where(kind), part=self.items[k]["content"][0]),
                   self.event("response.output_item.done", output_index=k, item=self.items[k])]
         del self.open[kind]
@@ -1225,7 +1258,10 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     tools = _tools(req)
     items = _previous_items(req) + req.input_items()  # 这段对话到这次为止的项
     messages = req.messages(items)
-    sp = _sampling_params(req, req.max_output_tokens, None, state.vocab_size)  # type: ignore[arg-type]
+    top = (req.top_logprobs or 0) if "message.output_text.logprobs" in (req.include or []) else None
+    if req.top_logprobs is not None and top is None:
+        raise APIError(400, 'top_logprobs needs include: ["message.output_text.logprobs"]', param="top_logprobs")
+    sp = _sampling_params(req, req.max_output_tokens, top, state.vocab_size)  # type: ignore[arg-type]
     await _check_request_grammar(sp, req)  # 强制调用的 schema
     options = req.chat_template_kwargs or {}
     thinking = await _thinking(options)
@@ -1247,7 +1283,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
         replies = (await state.collect_with_cancellation(uids, request))[0]
         if replies[-1].finish_reason == "error":
             raise APIError(503, f"the server is shutting down: {state.dead}", type="server_error")
-        output = _Output(rid, parser, lambda kind, **body: b"")
+        output = _Output(rid, parser, lambda kind, **body: b"", top)
         for reply in replies:
             output.feed(reply)
         return finished(output, replies[-1])
@@ -1260,7 +1296,7 @@ async def v1_responses(req: ResponsesRequest, request: Request):
             seq += 1
             return f"event: {kind}\n".encode() + _sse({"type": kind, "sequence_number": seq - 1, **body})
 
-        output = _Output(rid, parser, event)
+        output = _Output(rid, parser, event, top)
         start = _response_object(req, rid, created, model, None, [])
         yield event("response.created", response=start) + event("response.in_progress", response=start)
         async for replies in state.wait_for_replies(uids):

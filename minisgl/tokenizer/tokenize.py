@@ -26,8 +26,11 @@ class TokenizeManager:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"{type(self.tokenizer).__name__} has no chat template: send a prompt string, "
                              f"not {len(text)} chat messages")
-        prompt = self.tokenizer.apply_chat_template(text, tokenize=False, add_generation_prompt=True,
-                                                    **(chat_options or {}))
+        options = chat_options or {}
+        # continue_final_message（附录的对话接口）：接着最后一条 assistant 消息往下写，不另起一条，也就没有生成提示
+        prompt = self.tokenizer.apply_chat_template(text, tokenize=False,
+                                                    add_generation_prompt=not options.get("continue_final_message"),
+                                                    **options)
         assert isinstance(prompt, str), type(prompt)
         return prompt
 
