@@ -328,6 +328,27 @@ def test_lone_surrogates_are_400_and_start_nothing(server) -> None:
         assert after[key] == before[key], key
 
 
+def test_deep_json_and_odd_digits_are_400(server) -> None:
+    """几百层的 JSON（解析得了，可之后的递归会栈溢出）和 str.isdigit() 认、int() 不认的 logit_bias 键：400，
+    指明位置或参数，服务照常回答。"""
+    port, _ = server
+    deep = json.loads("[" * 600 + "]" * 600)
+    chat = [{"role": "user", "content": "hi"}]
+    for path, body, where in [("/v1/chat/completions", {"messages": chat, "chat_template_kwargs": {"x": deep}},
+                               "chat_template_kwargs.x.0.0"),
+                              ("/v1/completions", {"prompt": "hi", "logit_bias": {"1": deep}}, "logit_bias.1.0.0"),
+                              ("/v1/responses", {"input": [{"role": "user", "content": [deep]}]}, "input.0.content.0.0")]:
+        r = httpx.post(f"http://127.0.0.1:{port}{path}", json=body, timeout=30)
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and where in message and "more than 64 levels deep" in message, r.text
+        assert r.json()["error"]["param"] == where.split(".")[0], r.text  # 位置的第一段
+    for key in ("²", "1" * 5000, "٣"):  # 上标 2、五千位、阿拉伯-印度数字 3
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       json={"prompt": "hi", "max_tokens": 2, "logit_bias": {key: 1}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+    assert client(port).completions.create(model="m", prompt="hi", max_tokens=2).choices[0].finish_reason == "length"
+
+
 def hf_model(tiny: Path) -> Tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -722,7 +743,7 @@ def test_abort_goes_to_the_tokenizer_of_its_request(tmp_path: Path) -> None:
     （PUSH 轮流分发的话，中止会落到另一个 tokenizer 上，可能比请求先到调度器。）"""
     from minisgl.core import SamplingParams
     from minisgl.message import TokenizeMsg
-    from minisgl.server.api_server import FrontendManager
+    from minisgl.server.api_server import APIError, FrontendManager
     from minisgl.server.args import ServerArgs
     from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue, ZmqPullQueue
 
@@ -735,6 +756,11 @@ def test_abort_goes_to_the_tokenizer_of_its_request(tmp_path: Path) -> None:
         for uid in state.new_users(6):
             await state.send_one(TokenizeMsg(uid=uid, text="hi", sampling_params=SamplingParams()))
         await state.abort_users([1, 2, 5])
+        state.dead = "stopping"  # 服务在关闭：发不出去的新请求回 503，它的登记不留在等回复的表里
+        uid = state.new_users()[0]
+        with pytest.raises(APIError, match="shutting down"):
+            await state.send_one(TokenizeMsg(uid=uid, text="hi", sampling_params=SamplingParams()))
+        assert uid not in state.ack_map and uid not in state.event_map and uid not in state.start_time
         state.shutdown()
 
     asyncio.run(send())

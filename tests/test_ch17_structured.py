@@ -1030,7 +1030,8 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
                                              return_dict=True)["input_ids"])
     assert prompt_tokens(turn, tools=TOOLS) == want > prompt_tokens(ask, tools=TOOLS) > prompt_tokens(ask)
 
-    unique = {"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}}}
+    unique = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}
     bad_args = {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": "{oops"}}
     assert prompt_tokens(ask, tools=[], tool_choice="auto") == prompt_tokens(ask)  # 没有工具：auto 等于 none
     bad = [({"tool_choice": "required"}, "tool_choice", "a forced tool_choice needs a non-empty tools list"),
@@ -1040,7 +1041,7 @@ def test_server_tool_calls(server, tiny_qwen3, smollm2) -> None:
            ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
             "tool_choice cannot be combined with response_format"),
            ({"tools": [unique], "tool_choice": "required"}, "tool_choice", "uniqueItems at #/items/properties/"
-                                                                          "arguments is not supported"),
+                                                                          "arguments/properties/xs is not supported"),
            ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "String should match pattern"),
            ({"tools": TOOLS, "messages": [], "prompt": "x"}, "tools", "tools need 'messages'"),
            ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "messages.0: a tool message needs tool_call_id"),
@@ -1470,6 +1471,47 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
     while (m := metrics(port))["minisgl_num_running_requests"] or m["minisgl_kv_pages_used"]:
         assert time.monotonic() - t0 < 5, m
         time.sleep(0.05)
+
+
+def test_json_the_server_cannot_use_is_400(server) -> None:
+    """曾经是 500 的输入：套了几百层的工具参数 schema 和 chat_template_kwargs、调用参数里上千层的数组、几千位的整数、
+    NaN，不是对象的函数参数，带了 json_schema 的 json_object。现在都是指明参数的 400，服务照常回答；模型自己写出
+    上千层的调用时，切分器把它当作不是调用（json_or_none 不抛异常）。"""
+    from minisgl.server.api_server import _split, _splitter
+    from minisgl.server.tools import ToolCalls
+
+    port, _ = server
+    deep = json.loads("[" * 600 + "]" * 600)
+    ask = [{"role": "user", "content": "What time is it?"}]
+    weird = ["[" * 3000 + "]" * 3000, '{"a": ' + "1" * 5000 + "}", '{"a": NaN}']
+    called = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": args}}]} for args in weird]
+    chat = [({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": deep}}}]},
+             "tools", "levels deep"),
+            ({"messages": ask + [called[0]]}, "messages", "JSON object"),
+            ({"messages": ask + [called[1]]}, "messages", "JSON object"),
+            ({"messages": ask + [called[2]]}, "messages", "JSON object"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "null"}}}]},
+             "tools", "JSON Schema of an object"),
+            ({"response_format": {"type": "json_object", "json_schema": {"name": "x", "schema": {}}}},
+             "response_format", 'only used with type "json_schema"'),
+            ({"logit_bias": {"²": 1}}, "logit_bias", "keys are token ids")]
+    responses = [({"chat_template_kwargs": {"x": deep}}, "chat_template_kwargs", "levels deep"),
+                 ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]}, "tools",
+                  "JSON Schema of an object")]
+    responses += [({"input": ask + [{"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": args}]},
+                   "input", "JSON object") for args in weird]
+    for path, cases in [("/v1/chat/completions", [({"messages": ask, **b}, p, m) for b, p, m in chat]),
+                        ("/v1/responses", [({"input": ask, **b}, p, m) for b, p, m in responses])]:
+        for body, param, message in cases:
+            r = httpx.post(f"http://127.0.0.1:{port}{path}", json={"max_tokens" if "chat" in path else
+                                                                   "max_output_tokens": 4, **body}, timeout=60)
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["param"] == param and message in error["message"], (path, error)
+    assert client(port).chat.completions.create(model="m", messages=ask, max_tokens=2).choices[0].finish_reason
+    said = '<tool_call>\n{"name": "get_time", "arguments": {"a": ' + "[" * 1500 + "]" * 1500 + "}}\n</tool_call>"
+    thought, content, calls = _split(_splitter(None, ToolCalls(TOOLS), 1), said, True)
+    assert (thought, calls) == ("", []) and content == said  # 不是合法的 JSON：原样是内容
 
 
 @pytest.mark.gpu

@@ -92,11 +92,17 @@ class FrontendManager:
             await asyncio.sleep(0.05)
 
     async def send_one(self, msg: TokenizeMsg | AbortMsg) -> None:
-        """同一个 uid 的消息总发给同一个分词进程：中止不会抢在请求前面（第 13 章）。"""
-        if self.dead is not None:
-            raise APIError(503, f"the server is shutting down: {self.dead}", type="server_error")
-        self.start()
-        await self.send_tokenizer[msg.uid % len(self.send_tokenizer)].put(msg)
+        """同一个 uid 的消息总发给同一个分词进程：中止不会抢在请求前面（第 13 章）。一个新请求没发出去（服务在关闭、
+        发的时候被取消）：它的登记忘掉，不留在等回复的几张表里。"""
+        try:
+            if self.dead is not None:
+                raise APIError(503, f"the server is shutting down: {self.dead}", type="server_error")
+            self.start()
+            await self.send_tokenizer[msg.uid % len(self.send_tokenizer)].put(msg)
+        except BaseException:
+            if isinstance(msg, TokenizeMsg):
+                self._forget(msg.uid)
+            raise
 
     async def first_replies(self, uids: List[int], param: str, max_tokens_param: str = "max_tokens",
                             max_tokens_note: str = "") -> None:
@@ -247,6 +253,31 @@ def get_state() -> FrontendManager:
 _SURROGATE = re.compile("[\ud800-\udfff]")  # JSON 里落单的 "\ud800" 这类 UTF-16 代理：不是合法的 Unicode 文字
 
 
+MAX_JSON_DEPTH = 64  # 请求体里数组、对象最多套几层（OpenAI 的结构化输出只许 5 层）：再深的，后面的递归会出错
+
+
+class _BodyError(ValueError):
+    """整个请求体的检查（_Body）查出的错：where 是出错的位置（messages.0.content），错误的 param 是它的第一段。"""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where} {problem}")
+        self.where = where
+
+
+def _too_deep(value: Any) -> str | None:
+    """解析好的 JSON 里第一个套得比 MAX_JSON_DEPTH 层还深的数组或对象在哪；都不深时 None。用一个栈而不递归：
+    再深也不会栈溢出。"""
+    stack = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                return path
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack += [(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in pairs]
+    return None
+
+
 def _lone_surrogate(value: Any, path: str = "") -> str | None:
     """解析好的 JSON 里第一个带落单代理的字符串（或字典的键）在哪，写成 messages.0.content；没有时 None。"""
     if isinstance(value, str):
@@ -271,16 +302,20 @@ class _Strict(BaseModel):
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 class _Body(_Strict):
-    """一个接口的整个请求体：带落单代理的文字回 400。整个请求体在这里查一遍，嵌套的消息、格式不再各查一遍。"""
+    """一个接口的整个请求体：套得太深的 JSON、带落单代理的文字回 400。整个请求体在这里查一遍，嵌套的消息、格式
+    不再各查一遍。"""
 
     @model_validator(mode="before")
     @classmethod
     def _valid_text(cls, data: Any) -> Any:
+        deep = _too_deep(data) if isinstance(data, dict) else None
+        if deep is not None:  # 先查：_lone_surrogate 和发给分词进程时的序列化都是递归的，套几百层就栈溢出、成了 500
+            raise _BodyError(deep, f"nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
         where = _lone_surrogate(data) if isinstance(data, dict) else None
         if where is not None:  # 不拦在这里，就要到发给分词进程、按 UTF-8 编码时才出错：那时已是一个 500
             where = where.encode("utf-8", "backslashreplace").decode()  # 键里的代理也能写进错误消息
-            raise ValueError(f"{where} is not valid Unicode text: it has a lone UTF-16 surrogate "
-                             f"(a \\ud800-\\udfff escape without its pair)")
+            raise _BodyError(where, "is not valid Unicode text: it has a lone UTF-16 surrogate "
+                                    "(a \\ud800-\\udfff escape without its pair)")
         return data
 
 class FunctionCall(_Strict):
@@ -351,7 +386,21 @@ class JsonSchemaFormat(_Strict):
 
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None  # type 是 json_schema 时必须给
+    json_schema: JsonSchemaFormat | None = None  # type 是 json_schema 时必须给，别的时候不许给
+
+    @model_validator(mode="after")
+    def _schema_only_for_json_schema(self) -> "ResponseFormat":
+        if self.json_schema is not None and self.type != "json_schema":  # 不能悄悄不管客户端给的 schema
+            raise ValueError(f'json_schema is only used with type "json_schema", not "{self.type}"')
+        return self
+
+def _object_parameters(parameters: Dict[str, Any] | None) -> Dict[str, Any] | None:
+    """函数的参数是一个对象（OpenAI 的规矩）：parameters 是对象的 JSON Schema。别的类型（null、数组……）强制调用时
+    会生成不是对象的 arguments，客户端送回来时又是 400。"""
+    if parameters is not None and parameters.get("type", "object") != "object":
+        raise ValueError(f'parameters must be the JSON Schema of an object, got "type": '
+                         f'{json.dumps(parameters.get("type"))[:40]}')
+    return parameters
 
 class FunctionDef(_Strict):
     """tools 里的一个函数（OpenAI 的形状）：名字、说明、参数的 JSON Schema。"""
@@ -360,6 +409,11 @@ class FunctionDef(_Strict):
     description: str | None = None
     parameters: Dict[str, Any] | None = None  # 不给：这个函数没有参数
     strict: bool | None = None  # 给不给，强制调用时都严格按 parameters 生成
+
+    @field_validator("parameters")
+    @classmethod
+    def _object(cls, parameters: Dict[str, Any] | None) -> Dict[str, Any] | None:
+        return _object_parameters(parameters)
 
 class Tool(_Strict):
     type: Literal["function"]
@@ -463,8 +517,8 @@ def _sampling_params(req: ChatCompletionRequest | CompletionRequest | ResponsesR
     if not 1 <= getattr(req, "n", 1) <= 128:
         raise APIError(400, f"n={getattr(req, 'n')} is invalid: it must be in 1..128", param="n")
     for key in getattr(req, "logit_bias", None) or {}:
-        if not (key.isdigit() and int(key) < vocab_size):
-            raise APIError(400, f"logit_bias has the key {key!r}: keys are token ids in 0..{vocab_size - 1}",
+        if not (key.isascii() and key.isdigit() and len(key) <= len(str(vocab_size)) and int(key) < vocab_size):
+            raise APIError(400, f"logit_bias has the key {key!r:.40}: keys are token ids in 0..{vocab_size - 1}",
                            param="logit_bias")
     kwargs = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name, None) is not None}
     kwargs.update(temperature=req.temperature, max_tokens=max_tokens)
@@ -751,6 +805,9 @@ async def _validation_error(request: Request, e: RequestValidationError) -> JSON
     where = ".".join(loc) or "body"
     if unknown:
         return APIError(400, f"{where} is not supported by this server", param=loc[0]).response()
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, _BodyError):  # 整个请求体的检查：位置在它自己手里，不在 loc 里
+        return APIError(400, str(cause), param=cause.where.split(".")[0]).response()
     msg = str(err.get("msg")).removeprefix("Value error, ")  # 我们自己的检查（field_validator）抛的 ValueError
     return APIError(400, f"{where}: {msg}", param=loc[0] if loc else None).response()
 
@@ -994,14 +1051,11 @@ async def metrics():
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-class ResponsesTool(_Strict):
-    """Responses API 的一个函数工具：和对话接口的 Tool 一样，只是摊平了（名字、参数不在 function 里）。"""
+class ResponsesTool(FunctionDef):
+    """Responses API 的一个函数工具：和对话接口的 Tool 一样，只是摊平了——FunctionDef 的字段（名字、说明、参数）
+    和 type 在同一层。"""
 
     type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: Dict[str, Any] | None = None
-    strict: bool | None = None
 
 class ResponsesToolChoice(_Strict):
     type: Literal["function"]

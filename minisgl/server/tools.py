@@ -18,11 +18,16 @@ NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fal
 
 
 def json_or_none(text: str) -> Any:
-    """text 按 JSON 解析出来的值；不是合法的 JSON 时 None。"""
+    """text 按 JSON 解析出来的值；不是合法的 JSON 时 None。NaN、Infinity 不是 JSON（Python 的 json 默认收下）；
+    套了上千层（递归出错）、几千位的整数（int 拒绝转换）也当作不是：这里的文字来自客户端或模型，什么都可能有。"""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):  # JSONDecodeError 也是 ValueError
         return None
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def settled(text: str, mark: str) -> str:
