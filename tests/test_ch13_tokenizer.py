@@ -524,9 +524,15 @@ def test_offline_n_answers(tiny_qwen3) -> None:
                                   (dict(stop=["a", None]), TypeError, "stop must be")]:
             with pytest.raises(error, match=match):
                 llm.generate(prompts, **bad)
-        for bad in ("hi", [{"content": "no role"}], [[]], 5):
+        for bad in ("hi", [[]], 5, [["not a message"]]):
             with pytest.raises(TypeError, match="conversations must be"):
                 llm.chat(bad)
+        for bad in ([{"content": "no role"}], [{"role": "user"}], [{"role": "user", "content": None}],
+                    [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]):
+            with pytest.raises(TypeError, match="a message needs a string 'role' and a string 'content'"):
+                llm.chat(bad)
+        with pytest.raises(TypeError, match="chat_template_kwargs must be a dict"):
+            llm.chat([{"role": "user", "content": "hi"}], chat_template_kwargs=["x"])
         check_idle(llm)
     finally:
         llm.shutdown()

@@ -706,6 +706,42 @@ def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path)
     out = p.stdout + p.stderr
     assert p.returncode == 1 and "minisgl-TP0-scheduler exited with code 2 before it was ready" in out, out[-2000:]
     assert "--attn fi needs a CUDA device" in out and "Traceback" not in out, out[-2000:]  # 一行原因，没有 traceback
+    p = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--port", str(free_port()),
+                        "--max-running-requests", "100000000"], capture_output=True, text=True, timeout=240)
+    out = p.stdout + p.stderr  # 一亿个请求槽：页表要几百 GiB，分配之前就说
+    assert p.returncode == 1 and "--max-running-requests 100000000 needs a page table of" in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]
+    no_weights, bad_config = tmp_path / "no-weights", tmp_path / "bad-config"
+    for folder in (no_weights, bad_config):  # 模型目录里只有配置和分词器
+        folder.mkdir()
+        for f in tiny_qwen3.iterdir():
+            if not f.name.endswith(".safetensors"):
+                shutil.copy(f, folder / f.name)
+    (bad_config / "config.json").write_text("{bad json")
+    for flags, message in [(["--device", "tpu"], "--device 'tpu' is invalid"),
+                           (["--dist-timeout", "nan"], "--dist-timeout nan is invalid: it must be a finite number > 0"),
+                           (["--num-tokenizer", "100000"], "--num-tokenizer 100000 is invalid: it must be in 0..64"),
+                           (["--num-threads", "100000"], "--num-threads 100000 is invalid: it must be in 1..1024"),
+                           (["--model", str(no_weights)], "has no *.safetensors weights (--dummy-weight starts with"),
+                           (["--model", str(bad_config)], "config.json")]:  # 工作进程起来之前就是一行错误
+        p = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), *flags], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and message in p.stderr, (flags, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, (flags, p.stderr[-2000:])
+
+def test_ctrl_c_stops_the_server_quietly(tmp_path: Path, tiny_qwen3: Path) -> None:
+    """终端里的 Ctrl-C：SIGINT 发给整个进程组，按两次。只有启动器响应，几秒内以 0 退出，不留子进程，输出里没有
+    traceback（工作进程要是也响应，它们各打一段；uvicorn 要是记下第二个 SIGINT，收尾时再打一段）。"""
+    proc, port = start_server(tiny_qwen3, tmp_path / "server.log")
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # 再按一次（timeout 命令转发 SIGINT 时也是两次）
+    assert proc.wait(timeout=30) == 0
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, [w.cmdline() for w in alive]
+    out = (tmp_path / "server.log").read_text()
+    assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
 
 def test_sigterm_leaves_no_orphans(smol_server) -> None:
     """SIGTERM 给主进程：所有工作进程都跟着退出，resource tracker 也没有报告泄漏的信号量（这个模块里最后一个用

@@ -69,8 +69,13 @@ class Engine:
         self.kv_cache = MHAKVCache(mc.num_layers, self.num_pages + 1, config.page_size, kv_end - kv_start,
                                    mc.head_dim, self.dtype, self.device)
         self.dummy_slot = self.num_pages * config.page_size
-        self.page_table = torch.zeros(config.max_running_req + 1, align_ceil(self.max_seq_len, config.page_size),
-                                      dtype=torch.int32, device=self.device)  # 最后一行留给假请求
+        rows, cols = config.max_running_req + 1, align_ceil(self.max_seq_len, config.page_size)  # 最后一行留给假请求
+        if rows * cols * 4 > _memory(self.device):  # 一个写错的数：否则是分配器在工作进程里的一段 traceback
+            raise ValueError(f"--max-running-requests {config.max_running_req} needs a page table of "
+                             f"{rows * cols * 4 / 2**30:.1f} GiB (a row of max_seq_len {self.max_seq_len} for each "
+                             f"request), more than the {_memory(self.device) / 2**30:.1f} GiB of memory here; "
+                             f"give it fewer")
+        self.page_table = torch.zeros(rows, cols, dtype=torch.int32, device=self.device)
         self.page_table[-1].fill_(self.dummy_slot)
         attn = _resolve_attention(config.attention_backend, self.device)
         attn_backend = create_attention_backend(attn, self.kv_cache, self.page_table,
@@ -146,7 +151,7 @@ class Engine:
         else:
             num_pages = cfg.cpu_kv_memory_mb * 2**20 // page_bytes
             source = f"--cpu-kv-memory-mb {cfg.cpu_kv_memory_mb}"
-        total = torch.cuda.mem_get_info(self.device)[1] if self.device.type == "cuda" else psutil.virtual_memory().total
+        total = _memory(self.device)
         if num_pages * page_bytes > total:  # 一个写错的数：否则是分配器在工作进程里的一段 traceback
             raise ValueError(f"the KV pool from {source} needs {num_pages * page_bytes / 2**30:.1f} GiB, more than "
                              f"this {'GPU' if self.device.type == 'cuda' else 'machine'}'s {total / 2**30:.1f} GiB "
@@ -175,6 +180,11 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
+
+
+def _memory(device: torch.device) -> int:
+    """这块 GPU（或这台机器）一共有多少字节的内存：写错的数要分配的比这还多时，说清楚，不让分配器在半路出错。"""
+    return torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else psutil.virtual_memory().total
 
 
 def _pick_device(name: str, rank: int) -> torch.device:

@@ -176,10 +176,15 @@ class LLM(Scheduler):
         if isinstance(conversations, (list, tuple)) and conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # 一段对话
         if not isinstance(conversations, (list, tuple)) or not all(
-                isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) and "role" in m for m in c)
-                for c in conversations):
+                isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) for m in c) for c in conversations):
             raise TypeError("conversations must be a list of messages ({'role': ..., 'content': ...}), "
                             "or a list of such lists")
+        for m in (m for c in conversations for m in c):  # 模板拿到别的东西时是 jinja2 的错，说不清是哪条消息
+            if not (isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise TypeError(f"a message needs a string 'role' and a string 'content' (join text parts "
+                                f"yourself); got {m!r:.80}")
+        if not isinstance(chat_template_kwargs, (dict, type(None))):
+            raise TypeError(f"chat_template_kwargs must be a dict; got {chat_template_kwargs!r:.60}")
         prompts = [self.tokenize_manager.encode(list(c), chat_template_kwargs) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm, n=n, stop=stop)
 

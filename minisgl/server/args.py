@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 from dataclasses import dataclass, fields
@@ -35,8 +36,8 @@ class ServerArgs(SchedulerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_tokenizer < 0:
-            raise ValueError(f"--num-tokenizer {self.num_tokenizer} is invalid: it must be >= 0")
+        if not 0 <= self.num_tokenizer <= MAX_TOKENIZERS:  # 每个都是一个进程、几个 ZMQ 套接字：几百个就耗尽文件描述符
+            raise ValueError(f"--num-tokenizer {self.num_tokenizer} is invalid: it must be in 0..{MAX_TOKENIZERS}")
         if not 0 < self.server_port < 65536:
             raise ValueError(f"--port {self.server_port} is invalid: it must be in 1..65535")
         tp, n = self.tp_info.size, self.nnodes
@@ -50,8 +51,8 @@ class ServerArgs(SchedulerConfig):
         if n > 1 and self.dist_init_addr is None:
             raise ValueError(f"--dist-init-addr is required with --nnodes {n}: node 0's HOST:PORT, "
                              f"the same on every node")
-        if self.dist_timeout <= 0:
-            raise ValueError(f"--dist-timeout {self.dist_timeout} is invalid: it must be > 0")
+        if not (math.isfinite(self.dist_timeout) and self.dist_timeout > 0):  # nan > 0 也是 False，但要说清楚
+            raise ValueError(f"--dist-timeout {self.dist_timeout} is invalid: it must be a finite number > 0")
 
     @property
     def tokenizer_create_addr(self) -> bool:
@@ -85,6 +86,10 @@ def model_limits(args: ServerArgs) -> Tuple[int, int]:
     mc = ModelConfig.from_hf(load_hf_config(args.model_path))
     limit = mc.max_position_embeddings
     return min(args.max_seq_len_override or limit, limit), mc.vocab_size
+
+
+MAX_TOKENIZERS = 64  # --num-tokenizer 的上限
+MAX_THREADS = 1024  # --num-threads 的上限：每个调度器进程的 torch 线程；几万个就耗尽系统的线程
 
 
 class _Parser(argparse.ArgumentParser):
@@ -157,10 +162,10 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
         if ns.tp < 1:
             raise ValueError(f"--tp {ns.tp} is invalid: it must be >= 1")
         host, port = _dist_addr(ns.dist_init_addr) if ns.dist_init_addr is not None else ("", 0)
-        if ns.num_threads is not None and ns.num_threads < 1:
-            raise ValueError(f"--num-threads {ns.num_threads} is invalid: it must be >= 1")
+        if ns.num_threads is not None and not 1 <= ns.num_threads <= MAX_THREADS:
+            raise ValueError(f"--num-threads {ns.num_threads} is invalid: it must be in 1..{MAX_THREADS}")
+        gpu = pick_device(ns.device).type == "cuda"  # 写错的、这台机器上没有的设备：在这里说，不等工作进程
         if ns.memory_ratio is not None or ns.cpu_kv_memory_mb is not None:  # 只在一种设备上有意义：另一种上给了就说
-            gpu = pick_device(ns.device).type == "cuda"
             if ns.memory_ratio is not None and not gpu:
                 raise ValueError("--memory-ratio applies on a GPU only: on the CPU the KV pool's size is "
                                  "--cpu-kv-memory-mb (or --num-pages)")
@@ -168,6 +173,10 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
                 raise ValueError("--cpu-kv-memory-mb applies on the CPU only: on a GPU the KV pool's size is "
                                  "--memory-ratio (or --num-pages)")
         model_path = resolve_model_path(ns.model)
+        load_hf_config(model_path)  # config.json 读不了（不是 JSON、缺字段）：在这里说，不等工作进程
+        if not ns.dummy_weight and not any(Path(model_path).glob("*.safetensors")):
+            raise ValueError(f"--model {model_path} has no *.safetensors weights (--dummy-weight starts with "
+                             f"random weights from its config)")
         detokenizer = _zmq_addr(1)
         return ServerArgs(
             model_path=model_path, tp_info=DistributedInfo(0, ns.tp), dtype=ns.dtype, device=ns.device,
@@ -187,5 +196,5 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
             api_key=ns.api_key, silent_output=shell, zmq_frontend_addr=_zmq_addr(2),
             zmq_tokenizer_addr=_zmq_addr(3) if ns.num_tokenizer > 0 else detokenizer,
             nnodes=ns.nnodes, node_rank=ns.node_rank, dist_timeout=ns.dist_timeout)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError：读不了的模型目录、config.json（FileNotFoundError 也是）
         parser.error(str(e))

@@ -105,8 +105,10 @@ class WorkerError(RuntimeError):
     """一个工作进程没能就绪（或者就绪前就退出了）。"""
 
 def _ignoring_sigint(target: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-    """--shell 的工作进程：终端里的 Ctrl-C 发给整个进程组，它们不理会（只停当前的回答，见 shell.py）；
-    退出由启动器收拾（kill_workers），启动器不在了由 watch_parent 发现。"""
+    """工作进程的入口：终端里的 Ctrl-C 发给整个进程组，工作进程不理会——服务由启动器停下（uvicorn 收到 Ctrl-C），
+    --shell 只停当前的回答（见 shell.py）；退出由启动器收拾（kill_workers），启动器不在了由 watch_parent 发现。
+    要是工作进程也响应，它们会在随便哪一行抛出 KeyboardInterrupt（正在关 ZMQ 时），各打一段 traceback，还会抢在
+    启动器前面退出。"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     target(*args, **kwargs)
 
@@ -121,9 +123,7 @@ def start_backend(server_args: ServerArgs, links: List[NodeLink] | None = None) 
     procs: List[Any] = []
 
     def start(name: str, target: Any, *args: Any, **kwargs: Any) -> None:
-        if server_args.shell:
-            target, args = _ignoring_sigint, (target, *args)
-        p = ctx.Process(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
+        p = ctx.Process(target=_ignoring_sigint, args=(target, *args), kwargs=kwargs, name=name, daemon=True)
         p.start()
         procs.append(p)
 
@@ -220,8 +220,16 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
                  sock: socket.socket) -> int:
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
-                                           log_level="warning", timeout_graceful_shutdown=2))
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            """已经在停了又来一个 SIGINT（再按一次 Ctrl-C，GNU timeout 把它转发给整个进程组）：不记。uvicorn 停完之后
+            把记下的信号逐个重新抛出，第二个 SIGINT 落在 asyncio 收尾的半路，打出一段 traceback；不强行退出也不用等
+            多久，体面的关闭最多 2 秒。"""
+            if not (self.should_exit and sig == signal.SIGINT):
+                super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
+                                   log_level="warning", timeout_graceful_shutdown=2))
     watch = asyncio.create_task(_watch(args, state, procs, links, server))
     await server.serve(sockets=[sock])
     watch.cancel()
