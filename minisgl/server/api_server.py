@@ -274,7 +274,8 @@ def _too_deep(value: Any) -> str | None:
             if depth > MAX_JSON_DEPTH:
                 return path
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
-            stack += [(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in pairs]
+            stack += [(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in pairs
+                      if isinstance(v, (dict, list))]  # 标量不用看：一个十万个 token id 的提示词不造十万个路径
     return None
 
 
