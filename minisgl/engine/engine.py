@@ -70,11 +70,10 @@ class Engine:
                                    mc.head_dim, self.dtype, self.device)
         self.dummy_slot = self.num_pages * config.page_size
         rows, cols = config.max_running_req + 1, align_ceil(self.max_seq_len, config.page_size)  # 最后一行留给假请求
-        if rows * cols * 4 > _memory(self.device):  # 一个写错的数：否则是分配器在工作进程里的一段 traceback
+        if rows * cols * 4 > (total := _memory(self.device)):  # 一个写错的数：否则是分配器在工作进程里的 traceback
             raise ValueError(f"--max-running-requests {config.max_running_req} needs a page table of "
                              f"{rows * cols * 4 / 2**30:.1f} GiB (a row of max_seq_len {self.max_seq_len} for each "
-                             f"request), more than the {_memory(self.device) / 2**30:.1f} GiB of memory here; "
-                             f"give it fewer")
+                             f"request), more than the {total / 2**30:.1f} GiB of memory here; give it fewer")
         self.page_table = torch.zeros(rows, cols, dtype=torch.int32, device=self.device)
         self.page_table[-1].fill_(self.dummy_slot)
         attn = _resolve_attention(config.attention_backend, self.device)

@@ -47,7 +47,7 @@ class LLM(Scheduler):
         super().__init__(SchedulerConfig(model_path=path, **config))
         self.tokenizer = load_tokenizer(path)
         self.tokenize_manager = TokenizeManager(self.tokenizer)  # 对话模板：和服务用的是同一个
-        self.detokenize_manager = DetokenizeManager(self.tokenizer)  # 只有带 stop 字符串的请求过它
+        self.detokenize_manager = DetokenizeManager(self.tokenizer)  # 带 stop 字符串的请求逐个 token 过它
         self._outputs: Dict[int, List[int]] = {}
         self._done: Dict[int, str] = {}
         self._cached: Dict[int, int] = {}
@@ -156,9 +156,9 @@ class LLM(Scheduler):
         results = []
         for uid in uids:
             ids, finish, pieces = self._outputs.pop(uid), self._done.pop(uid), self._texts.pop(uid, None)
-            # 和 detokenizer 一样：以 "stop" 结束（EOS、stop_token_ids）时最后一个 token 不显示
+            # 和 detokenizer 一样解码：以 "stop" 结束（EOS、stop_token_ids）时最后一个 token 不显示
             text = "".join(pieces) if pieces is not None else \
-                self.tokenizer.decode(ids[:-1] if finish == "stop" else ids, skip_special_tokens=True)
+                self.detokenize_manager.decode(ids[:-1] if finish == "stop" else ids)
             out = {"text": text, "token_ids": ids, "finish_reason": finish, "cached_tokens": self._cached.pop(uid, 0)}
             if uid in self._logprobs:
                 out["logprobs"] = self._logprobs.pop(uid)

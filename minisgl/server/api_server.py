@@ -251,8 +251,8 @@ def get_state() -> FrontendManager:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # JSON 里落单的 "\ud800" 这类 UTF-16 代理：不是合法的 Unicode 文字
-
-
+_LONE_SURROGATE = ("is not valid Unicode text: it has a lone UTF-16 surrogate "
+                   "(a \\ud800-\\udfff escape without its pair)")
 MAX_JSON_DEPTH = 64  # 请求体里数组、对象最多套几层（OpenAI 的结构化输出只许 5 层）：再深的，后面的递归会出错
 
 
@@ -264,31 +264,26 @@ class _BodyError(ValueError):
         self.where = where
 
 
-def _too_deep(value: Any) -> str | None:
-    """解析好的 JSON 里第一个套得比 MAX_JSON_DEPTH 层还深的数组或对象在哪；都不深时 None。用一个栈而不递归：
-    再深也不会栈溢出。"""
-    stack = [(value, "", 0)]
+def _bad_part(body: Dict[str, Any]) -> _BodyError | None:
+    """解析好的请求体里第一处坏的地方（按在 JSON 里的先后）：套得比 MAX_JSON_DEPTH 层还深的数组或对象，或者带落单
+    代理的字符串（或字典的键）；没有时 None。用一个栈走一遍，不递归：再深也不会栈溢出。"""
+    stack: List[Tuple[Any, str, int]] = [(body, "", 0)]
     while stack:
         item, path, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > MAX_JSON_DEPTH:
-                return path
-            pairs = item.items() if isinstance(item, dict) else enumerate(item)
-            stack += [(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in pairs
-                      if isinstance(v, (dict, list))]  # 标量不用看：一个十万个 token id 的提示词不造十万个路径
-    return None
-
-
-def _lone_surrogate(value: Any, path: str = "") -> str | None:
-    """解析好的 JSON 里第一个带落单代理的字符串（或字典的键）在哪，写成 messages.0.content；没有时 None。"""
-    if isinstance(value, str):
-        return path if _SURROGATE.search(value) else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        where = f"{path}.{key}" if path else str(key)
-        found = where if isinstance(key, str) and _SURROGATE.search(key) else _lone_surrogate(item, where)
-        if found is not None:
-            return found
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return _BodyError(path, _LONE_SURROGATE)
+            continue
+        if depth > MAX_JSON_DEPTH:  # 第 12 章的序列化是递归的：几百层就超过 Python 的递归上限
+            return _BodyError(path, f"nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
+        children = []
+        for key, value in item.items() if isinstance(item, dict) else enumerate(item):
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _SURROGATE.search(key):  # 键里的代理：错误消息里写成转义
+                return _BodyError(where.encode("utf-8", "backslashreplace").decode(), _LONE_SURROGATE)
+            if isinstance(value, (str, dict, list)):  # 数、布尔不用看：一个十万个 token id 的提示词不造十万个路径
+                children.append((value, where, depth + 1))
+        stack += reversed(children)  # 先看前面的
     return None
 
 class _Strict(BaseModel):
@@ -309,14 +304,9 @@ class _Body(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _valid_text(cls, data: Any) -> Any:
-        deep = _too_deep(data) if isinstance(data, dict) else None
-        if deep is not None:  # 先查：_lone_surrogate 和发给分词进程时的序列化都是递归的，套几百层就栈溢出、成了 500
-            raise _BodyError(deep, f"nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
-        where = _lone_surrogate(data) if isinstance(data, dict) else None
-        if where is not None:  # 不拦在这里，就要到发给分词进程、按 UTF-8 编码时才出错：那时已是一个 500
-            where = where.encode("utf-8", "backslashreplace").decode()  # 键里的代理也能写进错误消息
-            raise _BodyError(where, "is not valid Unicode text: it has a lone UTF-16 surrogate "
-                                    "(a \\ud800-\\udfff escape without its pair)")
+        bad = _bad_part(data) if isinstance(data, dict) else None
+        if bad is not None:  # 不拦在这里，就要到发给分词进程、序列化或按 UTF-8 编码时才出错：那时已是一个 500
+            raise bad
         return data
 
 class FunctionCall(_Strict):
