@@ -253,6 +253,13 @@ UNENFORCED = [  # (schema, 违反它、xgrammar 的文法却接受的实例, 报
       "dependentSchemas": {"a": {"required": ["b"]}}}, {"a": 1}, "dependentSchemas at # is not supported"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1, "oneOf at # is not supported"),
     ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, [1], "contains at # is not supported"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "dependencies": {"a": ["b"]}}, {"a": 1},
+     "dependencies at # is not supported"),
+    ({"$defs": {"s": {"$dynamicAnchor": "s", "type": "string"}}, "type": "array", "items": {"$dynamicRef": "#s"}},
+     [1], "$dynamicRef at #/items is not supported"),
+    ({"$schema": "https://json-schema.org/draft/2019-09/schema", "type": "array", "items": {"$recursiveRef": "#"}},
+     [1], "$recursiveRef at #/items is not supported"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, {"a": 1},
      "required at # lists 'b', which is not under properties"),
     ({"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 5}]}, 5, "type at # is ignored next to anyOf"),
@@ -1394,7 +1401,7 @@ def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
         stop_server(proc)
 
 def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
-    """Responses API 的函数工具（扁平的形状）：指定函数时输出是一个空的 message 项和一个 function_call 项；流式的事件
+    """Responses API 的函数工具（扁平的形状）：指定函数时输出只有一个 function_call 项（没写文字，没有 message 项）；流式的事件
     依次是 OpenAI 规定的那些，最后的 response 和非流式的相同；上一轮的 function_call 和 function_call_output 放进
     input，提示词和分词器自己套模板的一样长；坏的 input 项、不是函数的工具都是 400；最后请求槽和 KV 页都回来。"""
     port, _ = server
@@ -1474,8 +1481,8 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
 
 
 def test_json_the_server_cannot_use_is_400(server) -> None:
-    """曾经是 500 的输入：套了几百层的工具参数 schema 和 chat_template_kwargs、调用参数里上千层的数组、几千位的整数、
-    NaN，不是对象的函数参数，带了 json_schema 的 json_object。现在都是指明参数的 400，服务照常回答；模型自己写出
+    """服务用不了的 JSON：套了几百层的工具参数 schema 和 chat_template_kwargs、调用参数里上千层的数组、几千位的整数、
+    NaN，不是对象的函数参数，带了 json_schema 的 json_object。都是指明参数的 400（不是 5xx），服务照常回答；模型自己写出
     上千层的调用时，切分器把它当作不是调用（json_or_none 不抛异常）。"""
     from minisgl.server.api_server import _split, _splitter
     from minisgl.server.tools import ToolCalls

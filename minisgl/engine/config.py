@@ -30,7 +30,7 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256  # 0：不录 CUDA Graph
     dist_init_addr: str | None = None  # TP > 1 时各 rank 会合的地址，如 tcp://127.0.0.1:29500
     random_seed: int | None = None  # 没给 seed 的请求用它派生的随机数；None：启动时随机选一个
-    num_threads: int | None = None  # CPU 上 torch 用几个线程；None：这个进程能用的核数
+    num_threads: int | None = None  # torch 用几个 CPU 线程；None：CPU 上是这个进程能用的核数，GPU 上是 1
     use_dummy_weight: bool = False  # 不读权重文件，按配置随机初始化（压测用）
     cpu_onednn: bool = True  # CPU、float32：线性层和 LM head 的权重换成 oneDNN 预先排好的格式（False：F.linear，作对照）
 
