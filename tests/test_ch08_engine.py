@@ -158,6 +158,8 @@ def test_engine_keeps_f_linear_when_onednn_fails(tiny_qwen3, monkeypatch) -> Non
 
 
 def test_seeded_sampling_is_independent_of_the_batch(tiny_qwen3) -> None:
+    """带 seed 的请求单独跑、和三个别的请求一起跑，12 个 token 相同。别的提示词都比它短：注意力不必为它补齐，
+    它这一行的 logits 逐位相同，相同与否只取决于随机数（只由 seed 和位置决定）。"""
     engine = Engine(EngineConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=256, max_running_req=8,
                                  max_seq_len_override=128))
     try:

@@ -54,6 +54,28 @@ def test_reserve_never_overcommits_and_optimistic_retracts(tiny_qwen3) -> None:
     assert optimistic == reserved
 
 
+def test_hit_tokens_count_first_admissions_only(tiny_qwen3) -> None:
+    """两个提示词互不相同的请求，池子（24 页）放不下两个都写完：后接纳的那个被撤回，它的提示词和输出进了缓存，
+    再接纳时命中自己的 16 个 token。hit_tokens 只数第一次接纳时命中的（0），和请求自己报的 cached_tokens 一致。"""
+    s = collecting_scheduler(SchedulerConfig(tiny_qwen3, device="cpu", page_size=4, num_pages=24, max_running_req=8,
+                                             max_seq_len_override=64))
+    s.receive_msg(BatchBackendMsg([user(i, 16, 40, first=100 + 50 * i) for i in range(2)]))
+    readmitted = []
+    admit = s.cache.admit
+    def spy(uid, input_ids, match, *args, **kw):
+        matched = admit(uid, input_ids, match, *args, **kw)
+        if matched is not None and not kw.get("first", True):
+            readmitted.append(matched)
+        return matched
+    s.cache.admit = spy
+    with torch.inference_mode():
+        while s.step():
+            s.cache.check_integrity()
+    assert s.num_retracted == 1 and readmitted and readmitted[0] > 0, (s.num_retracted, readmitted)
+    assert s.cache.hit_tokens == sum(r.cached_tokens for r in s.replies) == 0
+    s.shutdown()
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_retraction_property(tiny_qwen3, page_size: int) -> None:
     check_retraction(tiny_qwen3, page_size, max_examples=5)

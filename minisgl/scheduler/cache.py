@@ -36,7 +36,7 @@ class CacheManager:
         self.prefix_cache = create_prefix_cache(cache_type, page_table.device, page_size)
         self.shares_prefixes = cache_type != "naive"  # naive 什么都不缓存，等别人插进缓存也没用
         self.free_pages: List[int] = list(range(num_pages))[::-1]
-        self.hit_tokens = 0  # 前缀缓存命中的 token 数（累计）
+        self.hit_tokens = 0  # 请求第一次被接纳时，提示词命中前缀缓存的 token 数（累计）
         self._reqs: Dict[int, _ReqPages] = {}
 
     @property
@@ -54,15 +54,17 @@ class CacheManager:
         return self.prefix_cache.match_prefix(input_ids[:len(input_ids) - 1])
 
     def admit(self, uid: int, input_ids: torch.Tensor, match: MatchResult, table_idx: int, est_len: float,
-              committed: int) -> int | None:
+              committed: int, first: bool = True) -> int | None:
         """接纳一个新请求：锁住命中的前缀；它估计会长到 est_len 个 token，还差的页加上已经答应出去的 committed 页
-        放得下时，命中的槽写进页表，返回命中的 token 数；放不下时什么都不改，返回 None。"""
+        放得下时，命中的槽写进页表，返回命中的 token 数；放不下时什么都不改，返回 None。first：第一次接纳（不是
+        撤回后再来），命中的才算进 hit_tokens。"""
         self.prefix_cache.lock_handle(match.handle)  # 先锁：锁住的部分不再算作可淘汰
         matched = match.handle.cached_len
         if math.ceil(est_len / self.page_size) - matched // self.page_size > self.available_pages - committed:
             self.prefix_cache.lock_handle(match.handle, unlock=True)
             return None
-        self.hit_tokens += matched
+        if first:
+            self.hit_tokens += matched
         self._reqs[uid] = _ReqPages(match.handle, [], input_ids)
         if matched:
             self.page_table[table_idx, :matched] = match.indices

@@ -47,7 +47,8 @@ class PrefillManager:
         """撤回的请求回到队首：提示词 + 已经生成的 token 作为新的输入，max_tokens 照旧。分块中的请求也可以撤回。"""
         if self.chunked is req:
             self.chunked = None
-        self.pending.appendleft(PendingReq(req.uid, req.input_ids, req.sampling_params, num_outputs(req)))
+        self.pending.appendleft(PendingReq(req.uid, req.input_ids, req.sampling_params, num_outputs(req),
+                                           retracted=True))
 
     def abort(self, uid: int) -> bool:
         """还在排队的请求直接删掉（它没占任何资源），返回 True；正在分块的请求不再接着算（它的资源由调度器
@@ -107,7 +108,7 @@ class PrefillManager:
                     continue
                 idx = self.table.allocate()
                 est = self.estimate(len(p.input_ids), p.final_len)
-                matched = self.cache.admit(p.uid, p.input_ids, match, idx, est, committed)
+                matched = self.cache.admit(p.uid, p.input_ids, match, idx, est, committed, first=not p.retracted)
                 if matched is None:  # 页不够：等运行中的请求结束再来（不跳过它，先来先服务）
                     self.table.free(idx)
                     break

@@ -19,6 +19,7 @@ class PendingReq:
     sampling_params: SamplingParams  # max_tokens 已经由 add_request 定成整数
     num_outputs: int = 0
     waited: int = 0  # 为了等共享前缀的请求先插进缓存，已经让过几步
+    retracted: bool = False  # 被撤回过：再接纳时命中的是它自己刚放回缓存的页，不算进 hit_tokens
 
     @property
     def final_len(self) -> int:
