@@ -887,6 +887,43 @@ def test_server_continue_final_message(server, tiny_qwen3) -> None:
         assert e.value.body["param"] == "continue_final_message" and message in e.value.body["message"], e.value.body
 
 
+def test_server_reasoning_effort(server) -> None:
+    """思考力度 none 关掉思考：对话接口的 reasoning_effort 和 Responses 的 reasoning.effort，提示词和回答都和
+    chat_template_kwargs 里 enable_thinking: false 的请求一样，没有思考；medium 和不给一样。别的力度、和
+    enable_thinking: true 一起给、纯提示词、Responses 的 summary 都是指明参数的 400。"""
+    port, _ = server
+    c = client(port)
+    ask = dict(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0)
+    off = c.chat.completions.create(**ask, extra_body=DIRECT)
+    none = c.chat.completions.create(**ask, reasoning_effort="none")
+    assert (none.choices[0].message.content, none.usage.prompt_tokens) == \
+        (off.choices[0].message.content, off.usage.prompt_tokens)
+    assert getattr(none.choices[0].message, "reasoning_content", None) is None
+    default = c.chat.completions.create(**ask)
+    medium = c.chat.completions.create(**ask, reasoning_effort="medium")
+    assert medium.usage.prompt_tokens == default.usage.prompt_tokens == off.usage.prompt_tokens - 4  # 少一段空的思考
+    assert medium.choices[0].message == default.choices[0].message
+    for extra in [{"reasoning_effort": "high"},
+                  {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}]:
+        with pytest.raises(BadRequestError) as e:
+            c.chat.completions.create(**ask, extra_body=extra)
+        assert e.value.body["param"] == "reasoning_effort", e.value.body
+    with pytest.raises(BadRequestError) as e:
+        c.chat.completions.create(model="m", messages=None, max_tokens=2,
+                                  extra_body={"prompt": "Hi", "reasoning_effort": "none"})
+    assert e.value.body["param"] == "reasoning_effort" and "plain 'prompt'" in e.value.body["message"]
+
+    r_off = c.responses.create(model="m", input="Hi", max_output_tokens=6, temperature=0, extra_body=DIRECT)
+    r_none = c.responses.create(model="m", input="Hi", max_output_tokens=6, temperature=0,
+                                reasoning={"effort": "none"})
+    assert [o.type for o in r_none.output] == [o.type for o in r_off.output] == ["message"]
+    assert (r_none.output_text, r_none.usage.input_tokens) == (r_off.output_text, r_off.usage.input_tokens)
+    for reasoning in [{"effort": "low"}, {"summary": "auto"}]:
+        with pytest.raises(BadRequestError) as e:
+            c.responses.create(model="m", input="Hi", max_output_tokens=2, reasoning=reasoning)
+        assert e.value.body["param"] == "reasoning", e.value.body
+
+
 def test_server_responses_logprobs(server) -> None:
     """Responses API 的 include message.output_text.logprobs：message 项的文字带上每个 token 的对数概率，和对话接口
     同一个贪心请求的逐项相同；top_logprobs 截到要的个数；流式 delta 事件里的接起来等于非流式的（事件里没有 bytes）；
@@ -1351,12 +1388,14 @@ def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
     """模板替模型写好了 <think>（DeepSeek-R1 的蒸馏模型、Qwen3 Thinking-2507 的写法）：回答从第一个字起是思考。随机
     模型写不出 </think>，整个回答都是思考：对话接口的 reasoning_content 就是 separate_reasoning=false 时的 content
     （两头的空白除外），流式和非流式一样，reasoning_tokens 是全部 token；Responses 的输出只有一个 reasoning 项，事件
-    逐个核对；强制的调用不是思考（语法从第一个 token 起管着输出）。"""
+    逐个核对；强制的调用不是思考（语法从第一个 token 起管着输出）；思考力度 none 关不上这种模板的思考，是 400。"""
     model = tmp_path / "opened"
     shutil.copytree(tiny_qwen3, model)
     config = json.loads((model / "tokenizer_config.json").read_text())
     head, mark, tail = config["chat_template"].rpartition("{{- '<|im_start|>assistant\\n' }}")
-    config["chat_template"] = head + "{{- '<|im_start|>assistant\\n<think>\\n' }}" + tail
+    config["chat_template"] = head + "{{- '<|im_start|>assistant\\n<think>\\n' }}" + tail.replace(
+        "enable_thinking is defined and enable_thinking is false", "false")  # 像 R1 的蒸馏模型：不认 enable_thinking
+    assert "enable_thinking" not in config["chat_template"]
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     assert mark and prompt_thinking(str(model), "{}") == "opened"
     proc, port = start_server(model, tmp_path / "server.log", "--max-seq-len-override", "512")
@@ -1367,6 +1406,9 @@ def test_server_opened_thinking(tiny_qwen3, tmp_path) -> None:
         whole = c.chat.completions.create(**ask)
         assert (whole.choices[0].message.reasoning_content, whole.choices[0].message.content) == (raw.strip(), "")
         assert whole.usage.completion_tokens_details.reasoning_tokens == 12 and "</think>" not in raw
+        with pytest.raises(BadRequestError) as e:  # 这个模板关不上思考：思考力度 none 不能悄悄照想不误
+            c.chat.completions.create(**ask, reasoning_effort="none")
+        assert "cannot turn its thinking off" in e.value.body["message"], e.value.body
         chunks = list(c.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
         assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks[:-1]) == \
             raw.strip() and chunks[-1].usage == whole.usage

@@ -469,6 +469,9 @@ class ChatCompletionRequest(_SamplingRequest):
     modalities: List[str] | None = None  # 只认 ["text"]（默认）
     chat_template_kwargs: Dict[str, Any] | None = None  # 例如 {"enable_thinking": false}
     continue_final_message: bool = False  # SGLang、vLLM：接着最后一条 assistant 消息往下写（替模型写好回答的开头）
+    # OpenAI 的思考力度。我们的模型只有想和不想两档：none 关掉思考（_thinking_off），medium（OpenAI 的默认）就是
+    # 模型自己的样子；low、high 这些分不出来，给了是 400，不悄悄当成 medium
+    reasoning_effort: Literal["none", "medium"] | None = None
     stream_reasoning: Literal[True] = True  # SGLang：思考边写边发（我们总是这样）
     # 工具调用和思考（本附录最后一节）
     separate_reasoning: bool = True  # SGLang：模板会思考的模型（Qwen3……），开头的 <think>…</think> 单独放
@@ -855,9 +858,24 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
             raise APIError(400, "continue_final_message cannot be combined with response_format, regex, ebnf or a "
                                 "forced tool call: the grammar would start in the middle of the answer",
                            param="continue_final_message")
+    if req.reasoning_effort == "none":  # 选项里关掉思考：_generate 套模板时、下面切思考时用的都是它
+        if not req.messages:
+            raise APIError(400, "reasoning_effort 'none' needs 'messages': a plain 'prompt' does not go through the "
+                                "chat template", param="reasoning_effort")
+        req.chat_template_kwargs = await _thinking_off(req.chat_template_kwargs or {}, "reasoning_effort")
     thinking = await _thinking(req.chat_template_kwargs or {}) \
         if req.separate_reasoning and req.messages and not req.continue_final_message else None
     return await _generate(req, request, [text], _reasoned(sp, thinking), chat=True, tools=tools, reasoning=thinking)
+
+async def _thinking_off(options: Dict[str, Any], param: str) -> Dict[str, Any]:
+    """思考力度 none：对话模板的选项里关掉思考（Qwen3 的 enable_thinking: false）。模板得真能关上，也就是提示词以
+    一段关上的思考收尾；会思考却关不上的模板（替模型写好 <think> 的那种）回 400，不悄悄照想不误。"""
+    if options.get("enable_thinking") is True:
+        raise APIError(400, f"{param} 'none' contradicts chat_template_kwargs enable_thinking: true", param=param)
+    off = {**options, "enable_thinking": False}
+    if await _thinking(off) not in (None, "closed"):
+        raise APIError(400, f"{param} 'none': this model's chat template cannot turn its thinking off", param=param)
+    return off
 
 async def _thinking(options: Dict[str, Any]) -> str | None:
     """模型会思考时（模板里有 <think>）提示词怎样收尾（prompt_thinking：回答怎样切、语法等不等思考）；不思考时
@@ -1061,6 +1079,13 @@ class ResponsesTextFormat(_Strict):
     description: str | None = None
     strict: bool | None = None
 
+class ResponsesReasoning(_Strict):
+    """Responses API 的 reasoning：和对话接口的 reasoning_effort 一样只有 none 和 medium 两档；思考的摘要我们不写
+    （reasoning 项里是思考的原文），summary 只能不给。"""
+
+    effort: Literal["none", "medium"] | None = None
+    summary: None = None
+
 class ResponsesText(_Strict):
     format: ResponsesTextFormat | None = None
     verbosity: Literal["medium"] | None = None  # GPT-5 的回答详略：我们只有模型自己的详略，也就是默认的 medium
@@ -1103,6 +1128,7 @@ class ResponsesRequest(_OpenAIRequest):
     top_logprobs: int | None = None  # 0..20：每个位置另给最可能的几个（要和上面的 logprobs 一起给）
     previous_response_id: str | None = None  # 接着这个响应往下说：服务记得它的整段对话（下面的 ResponseStore）
     chat_template_kwargs: Dict[str, Any] | None = None  # 和对话接口的同名扩展一样：例如 {"enable_thinking": false}
+    reasoning: ResponsesReasoning | None = None
 
     def tool_view(self) -> Tuple[List[Tool], Any, bool]:
         """工具换成对话接口的形状，_tools 和 _grammar 两个接口共用。"""
@@ -1309,6 +1335,8 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     sp = _sampling_params(req, req.max_output_tokens, top, state.vocab_size)  # type: ignore[arg-type]
     await _check_request_grammar(sp, req)  # 强制调用的 schema
     options = req.chat_template_kwargs or {}
+    if req.reasoning is not None and req.reasoning.effort == "none":
+        options = await _thinking_off(options, "reasoning")
     thinking = await _thinking(options)
     sp = _reasoned(sp, thinking)
     uids = state.new_users()
