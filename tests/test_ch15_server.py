@@ -743,6 +743,30 @@ def test_ctrl_c_stops_the_server_quietly(tmp_path: Path, tiny_qwen3: Path) -> No
     out = (tmp_path / "server.log").read_text()
     assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
 
+def test_ctrl_c_held_down_while_starting(tmp_path: Path, tiny_qwen3: Path) -> None:
+    """服务还在启动（调度器刚就绪，启动器正要起 HTTP 服务）时按住 Ctrl-C：一秒里每 20 ms 一个 SIGINT 发给整个进程
+    组。以 0 退出，不留子进程，没有 traceback。不然，落在 asyncio 和 uvicorn 接管信号之间的那一个让 asyncio 取消
+    启动到一半的 uvicorn（一段 CancelledError），落在收尾（kill_workers）半路的那一个是一段 KeyboardInterrupt、
+    退出码 -2。"""
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--port", str(free_port()),
+                                 *SERVER_FLAGS], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while "Scheduler is ready" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.005)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    for _ in range(50):
+        with contextlib.suppress(ProcessLookupError):  # 启动器已经退出了
+            os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.02)
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, [w.cmdline() for w in alive]
+    out = log.read_text()
+    assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
+
 def test_sigterm_leaves_no_orphans(smol_server) -> None:
     """SIGTERM 给主进程：所有工作进程都跟着退出，resource tracker 也没有报告泄漏的信号量（这个模块里最后一个用
     smol_server 的测试）。"""

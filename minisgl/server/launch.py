@@ -217,7 +217,9 @@ def listen_socket(args: ServerArgs) -> socket.socket:
     return sock
 
 async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], links: List[NodeLink],
-                 sock: socket.socket) -> int:
+                 sock: socket.socket, interrupts: List[int]) -> int:
+    """HTTP 服务，直到 Ctrl-C、SIGTERM 或某个工作进程退出。interrupts：uvicorn 接管信号之前（和交还之后）来的
+    Ctrl-C / SIGTERM，由 launch_server 装的处理函数记下。"""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -230,13 +232,22 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
 
     server = Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
                                    log_level="warning", timeout_graceful_shutdown=2))
+    server.should_exit = bool(interrupts)  # 还没开始服务就被打断了：uvicorn 起来就停
     watch = asyncio.create_task(_watch(args, state, procs, links, server))
     await server.serve(sockets=[sock])
+    _shutting_down()  # 服务停了（Ctrl-C、SIGTERM 或工作进程退出）：下面只剩收尾
     watch.cancel()
     return 1 if state.dead is not None or not server.started else 0
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM 和 Ctrl-C 走同一条路：finally 里收拾工作进程
+
+def _shutting_down() -> None:
+    """开始收尾之后不再理会 Ctrl-C 和 SIGTERM：再按一次 Ctrl-C（或 GNU timeout 把 SIGINT 再转发一次）会在收尾的
+    半路抛出 KeyboardInterrupt——kill_workers 等子进程的时候、asyncio 收拾任务的时候——打出一段 traceback，退出码也
+    成了 -2。收尾有期限（kill_workers 最多等 5 秒就 kill），用不着第二次打断它。"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 def _is_resource_tracker(p: psutil.Process) -> bool:
     try:
@@ -265,6 +276,7 @@ def exit_code(run: Callable[[], int]) -> int:
         logger.error(str(e))
         return 1
     except KeyboardInterrupt:
+        _shutting_down()
         logger.info("interrupted: shutting down")
         return 0
 
@@ -295,11 +307,20 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
             asyncio.run(shell(state))
             return 0
         assert sock is not None
-        return asyncio.run(_serve(args, state, procs, links, sock))
+        # uvicorn 接管信号之前（import uvicorn、建 Server 的那一段）来的 Ctrl-C 也只是记下：asyncio.run 见到 SIGINT
+        # 还是默认的处理函数，就装上它自己的——取消主任务，uvicorn 启动到一半被取消，打出一段 CancelledError
+        interrupts: List[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: interrupts.append(signum))
+        code = asyncio.run(_serve(args, state, procs, links, sock, interrupts))
+        if interrupts:
+            raise KeyboardInterrupt  # 和别处的 Ctrl-C 一样：exit_code 记一行、返回 0
+        return code
 
     try:
         return exit_code(run)
     finally:
+        _shutting_down()
         for link in links:  # 先告诉其他节点退出，再收拾本机的工作进程
             link.send("exit")
             link.close()
@@ -455,6 +476,7 @@ def serve_node(args: ServerArgs) -> int:
     try:
         return exit_code(run)
     finally:
+        _shutting_down()
         for link in links:
             link.close()
         kill_workers()
