@@ -32,12 +32,17 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-def start_server(model: Path, log: Path, *flags: str) -> Tuple[subprocess.Popen, int]:
-    """python -m minisgl 作为子进程（自己一个进程组），等到 /health 回 200。"""
+def spawn_server(model: Path, log: Path, *flags: str) -> Tuple[subprocess.Popen, int]:
+    """python -m minisgl 作为子进程（自己一个进程组），输出写进 log；不等它就绪。"""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(port),
-                             *SERVER_FLAGS, *flags], stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(port),
+                                 *SERVER_FLAGS, *flags], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, port
+
+def start_server(model: Path, log: Path, *flags: str) -> Tuple[subprocess.Popen, int]:
+    """spawn_server，再等到 /health 回 200。"""
+    proc, port = spawn_server(model, log, *flags)
     deadline = time.time() + 240
     while True:
         if proc.poll() is not None:
@@ -737,10 +742,14 @@ def test_ctrl_c_stops_the_server_quietly(tmp_path: Path, tiny_qwen3: Path) -> No
     os.killpg(proc.pid, signal.SIGINT)
     time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # 再按一次（timeout 命令转发 SIGINT 时也是两次）
-    assert proc.wait(timeout=30) == 0
+    assert_quiet_exit(proc, workers, tmp_path / "server.log")
+
+def assert_quiet_exit(proc: subprocess.Popen, workers: List[psutil.Process], log: Path) -> None:
+    """服务被 Ctrl-C 停下之后：以 0 退出，工作进程都不在了，日志里没有 traceback 和 CancelledError。"""
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, [w.cmdline() for w in alive]
-    out = (tmp_path / "server.log").read_text()
+    out = log.read_text()
     assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
 
 def test_ctrl_c_held_down_while_starting(tmp_path: Path, tiny_qwen3: Path) -> None:
@@ -749,9 +758,7 @@ def test_ctrl_c_held_down_while_starting(tmp_path: Path, tiny_qwen3: Path) -> No
     启动到一半的 uvicorn（一段 CancelledError），落在收尾（kill_workers）半路的那一个是一段 KeyboardInterrupt、
     退出码 -2。"""
     log = tmp_path / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), "--port", str(free_port()),
-                                 *SERVER_FLAGS], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, _ = spawn_server(tiny_qwen3, log)
     deadline = time.monotonic() + 120
     while "Scheduler is ready" not in log.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
@@ -761,11 +768,7 @@ def test_ctrl_c_held_down_while_starting(tmp_path: Path, tiny_qwen3: Path) -> No
         with contextlib.suppress(ProcessLookupError):  # 启动器已经退出了
             os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.02)
-    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
-    _, alive = psutil.wait_procs(workers, timeout=10)
-    assert not alive, [w.cmdline() for w in alive]
-    out = log.read_text()
-    assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
+    assert_quiet_exit(proc, workers, log)
 
 def test_sigterm_leaves_no_orphans(smol_server) -> None:
     """SIGTERM 给主进程：所有工作进程都跟着退出，resource tracker 也没有报告泄漏的信号量（这个模块里最后一个用

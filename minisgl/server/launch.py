@@ -224,9 +224,8 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            """已经在停了又来一个 SIGINT（再按一次 Ctrl-C，GNU timeout 把它转发给整个进程组）：不记。uvicorn 停完之后
-            把记下的信号逐个重新抛出，第二个 SIGINT 落在 asyncio 收尾的半路，打出一段 traceback；不强行退出也不用等
-            多久，体面的关闭最多 2 秒。"""
+            """已经在停了又来一个 SIGINT（再按一次 Ctrl-C，GNU timeout 把它转发给整个进程组）：不记。记下的话 uvicorn
+            把它当成"强行退出"，不等还开着的流体面地关掉；体面的关闭最多 2 秒，用不着强行退出。"""
             if not (self.should_exit and sig == signal.SIGINT):
                 super().handle_exit(sig, frame)
 
@@ -234,8 +233,7 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
                                    log_level="warning", timeout_graceful_shutdown=2))
     server.should_exit = bool(interrupts)  # 还没开始服务就被打断了：uvicorn 起来就停
     watch = asyncio.create_task(_watch(args, state, procs, links, server))
-    await server.serve(sockets=[sock])
-    _shutting_down()  # 服务停了（Ctrl-C、SIGTERM 或工作进程退出）：下面只剩收尾
+    await server.serve(sockets=[sock])  # 之后来的信号落到 interrupts 里：只是记下
     watch.cancel()
     return 1 if state.dead is not None or not server.started else 0
 
