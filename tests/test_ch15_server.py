@@ -770,6 +770,33 @@ def test_ctrl_c_held_down_while_starting(tmp_path: Path, tiny_qwen3: Path) -> No
         time.sleep(0.02)
     assert_quiet_exit(proc, workers, log)
 
+def test_ctrl_c_answers_the_requests_in_flight(tmp_path: Path, tiny_qwen3: Path) -> None:
+    """Ctrl-C 时还有请求在算：非流式的回 503（OpenAI 的错误体），流式的以一个 error 事件结束。不然 uvicorn 体面关闭的
+    2 秒用完就取消它们：纯文本的 500、每个请求一段 traceback、流截在半路。以 0 退出，不留子进程。"""
+    log = tmp_path / "server.log"
+    proc, port = start_server(tiny_qwen3, log, "--max-seq-len-override", "4096", "--num-pages", "16384")
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    body = {"prompt": "hello", "max_tokens": 4000, "ignore_eos": True, "temperature": 0}  # 要算好几十秒
+
+    async def interrupt_mid_answer() -> Tuple[httpx.Response, List[Dict[str, Any]]]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            plain = asyncio.create_task(client.post(url, json=body))
+            frames: List[Dict[str, Any]] = []
+            async with client.stream("POST", url, json={**body, "stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        frames.append(json.loads(line[6:]))
+                        if len(frames) == 20:  # 两个请求都在 decode 了
+                            os.killpg(proc.pid, signal.SIGINT)
+            return await plain, frames
+
+    plain, frames = asyncio.run(interrupt_mid_answer())
+    assert plain.status_code == 503, plain.text
+    assert plain.json()["error"]["type"] == "server_error" and "shutting down" in plain.json()["error"]["message"]
+    assert "shutting down" in frames[-1]["error"]["message"] and len(frames) < 1000, frames[-3:]
+    assert_quiet_exit(proc, workers, log)
+
 def test_sigterm_leaves_no_orphans(smol_server) -> None:
     """SIGTERM 给主进程：所有工作进程都跟着退出，resource tracker 也没有报告泄漏的信号量（这个模块里最后一个用
     smol_server 的测试）。"""

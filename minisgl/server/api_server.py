@@ -55,7 +55,7 @@ class FrontendManager:
     event_map: Dict[int, asyncio.Event] = field(default_factory=dict)
     start_time: Dict[int, float] = field(default_factory=dict)
     metrics: Metrics = field(default_factory=lambda: Metrics())  # Metrics 在文件后面（/metrics 一节）定义
-    dead: str | None = None  # 有工作进程退出了：之后的请求一律 503
+    dead: str | None = None  # 有工作进程退出了，或者服务在停：之后的请求一律 503
 
     def new_users(self, n: int = 1) -> List[int]:
         """n 个新请求（一个 HTTP 请求的 n 个回答）：各有 uid 和回复列表，共用一个 Event。"""
@@ -174,7 +174,8 @@ class FrontendManager:
         self.start_time.pop(uid, None)
 
     def fail_all(self, reason: str) -> None:
-        """工作进程退出了：每个还在等回复的请求收到一条 "error" 结束，不会永远挂着。"""
+        """工作进程退出了，或者服务要停了（Ctrl-C、SIGTERM）：每个还在等回复的请求收到一条 "error" 结束，不会永远
+        挂着，也不会被拦腰取消。"""
         self.dead = reason
         for uid, event in self.event_map.items():
             self.ack_map[uid].append(UserReply(uid=uid, incremental_output="", finished=True, finish_reason="error"))

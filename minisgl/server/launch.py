@@ -222,20 +222,29 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
     Ctrl-C / SIGTERM，由 launch_server 装的处理函数记下。"""
     import uvicorn
 
+    loop = asyncio.get_running_loop()
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            """已经在停了又来一个 SIGINT（再按一次 Ctrl-C，GNU timeout 把它转发给整个进程组）：不记。记下的话 uvicorn
+            """第一次 Ctrl-C / SIGTERM：还在等回复的请求马上以 503（流式的是一个 error 事件）结束——工作进程就要被结束，
+            回复不会再来；不然 uvicorn 体面关闭的 2 秒一到就取消它们，客户端拿到纯文本的 500 或截断的流。fail_all 由
+            事件循环在两个回调之间调用，不在信号打断的那一行中间改那几张表。
+            已经在停了又来一个 SIGINT（再按一次 Ctrl-C，GNU timeout 把它转发给整个进程组）：不记。记下的话 uvicorn
             把它当成"强行退出"，不等还开着的流体面地关掉；体面的关闭最多 2 秒，用不着强行退出。"""
-            if not (self.should_exit and sig == signal.SIGINT):
-                super().handle_exit(sig, frame)
+            if self.should_exit and sig == signal.SIGINT:
+                return
+            if not self.should_exit:
+                loop.call_soon_threadsafe(state.fail_all, f"stopped by {signal.Signals(sig).name}")
+            super().handle_exit(sig, frame)
 
     server = Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
                                    log_level="warning", timeout_graceful_shutdown=2))
     server.should_exit = bool(interrupts)  # 还没开始服务就被打断了：uvicorn 起来就停
     watch = asyncio.create_task(_watch(args, state, procs, links, server))
     await server.serve(sockets=[sock])  # 之后来的信号落到 interrupts 里：只是记下
+    died = watch.done()  # _watch 只在工作进程或节点退出时自己返回；Ctrl-C / SIGTERM 时它还在看
     watch.cancel()
-    return 1 if state.dead is not None or not server.started else 0
+    return 1 if died or not server.started else 0
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM 和 Ctrl-C 走同一条路：finally 里收拾工作进程
