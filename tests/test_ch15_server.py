@@ -692,6 +692,23 @@ def test_multinode_bad_flags_and_unreachable_addr(tiny_qwen3: Path, capsys) -> N
         out = proc.communicate(timeout=120)[0].strip()
         assert proc.returncode == 1 and want[rank] in out and len(out.splitlines()) == 1, out
 
+def test_nodes_with_different_models_are_refused(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """两个节点的模型目录同名、config.json 不同（这里只差 RMSNorm 的 eps：形状都一样，集合通信对得上，答案却是错的；
+    差在层数上时，第一个请求要等 gloo 超时才报错）：节点 0 在起任何工作进程之前拒绝，说出是哪个设置。两边都以 1
+    退出。"""
+    other = tmp_path / "copy" / tiny_qwen3.name
+    shutil.copytree(tiny_qwen3, other)
+    config = json.loads((other / "config.json").read_text())
+    config["rms_norm_eps"] *= 10
+    (other / "config.json").write_text(json.dumps(config))
+    addr = f"127.0.0.1:{free_ports()}"
+    procs = [subprocess.Popen(node_cmd(model, addr, rank, "--port", str(free_port())), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank, model in ((0, tiny_qwen3), (1, other))]
+    outs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [1, 1], outs
+    assert "node 1 was started with --model (its config.json, sha256)" in outs[0], outs[0][-2000:]
+    assert "node 0 refused this node" in outs[1], outs[1][-2000:]
+
 
 def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path) -> None:
     """坏的参数值：一行 error 并以 2 退出；一个工作进程就绪前就死了：清楚的错误、非零退出码、不留子进程。"""

@@ -153,11 +153,12 @@ def start_router(urls: Sequence[str], policy: str, log_dir: Path, host: str = "1
 
 
 def stop(children: Sequence[Child], grace: float = 10.0) -> None:
-    """SIGTERM 给每个进程组（minisgl 收到它会收拾自己的工作进程），grace 秒后还在的整组 SIGKILL。"""
+    """SIGTERM 给每个子进程本身（minisgl 的启动器收到它，让还在等的请求回 503，再收拾自己的工作进程；发给整个进程组
+    的话，工作进程抢先死掉，请求收到的是"某个工作进程退出了"），grace 秒后还在的整组 SIGKILL。"""
     for c in children:
         if c.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(c.proc.pid, signal.SIGTERM)
+                c.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
     for c in children:
         try:
@@ -234,7 +235,9 @@ def main(argv: List[str] | None = None) -> int:
         shown = f"OMP_NUM_THREADS={threads or os.environ['OMP_NUM_THREADS']}"
         for i, r in enumerate(replicas):
             print(f"replica {i}: {r.url}  ({shown}; log: {r.log})", flush=True)
-        router = start_router([r.url for r in replicas], args.policy, log_dir, host=args.host, port=args.port)
+        # 不重试：一个副本退出时这里会停掉全部，重试只会把副本说清原因的 503 换成路由器自己的 500
+        router = start_router([r.url for r in replicas], args.policy, log_dir, host=args.host, port=args.port,
+                              extra=["--disable-retries"])
         children.append(router)
         print(f"router ({args.policy}): {router.url}  (log: {router.log})", flush=True)
         print(f"ready: OpenAI clients use {router.url}/v1 ; Ctrl-C stops the router and the replicas", flush=True)
@@ -252,6 +255,10 @@ def main(argv: List[str] | None = None) -> int:
         print("stopping the router and the replicas", flush=True)
         return 0
     finally:
+        # 收尾时不再理会 Ctrl-C 和 SIGTERM（再按一次 Ctrl-C、GNU timeout 再转发一次）：不然 KeyboardInterrupt 落在
+        # 等子进程的半路，一段 traceback、退出码 -2；stop 有期限，grace 秒后整组 SIGKILL
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop(children[::-1])  # 先停路由器，再停副本
 
 

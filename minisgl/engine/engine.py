@@ -143,13 +143,13 @@ class Engine:
             free, total = torch.cuda.mem_get_info(self.device)
             budget = free - (1 - cfg.memory_ratio) * total  # 留出 (1 - ratio) 给激活和 CUDA Graph
             num_pages, source = max(int(budget // page_bytes), 0), f"--memory-ratio {cfg.memory_ratio}"
-            if get_tp_info().size > 1:  # 各 rank 的页数必须一样：取最小
-                n = torch.tensor([num_pages], device=self.device)
-                torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
-                num_pages = int(n)
         else:
             num_pages = cfg.cpu_kv_memory_mb * 2**20 // page_bytes
             source = f"--cpu-kv-memory-mb {cfg.cpu_kv_memory_mb}"
+        if get_tp_info().size > 1:  # 各 rank 的页数必须一样（各卡的空闲显存、各节点的参数可以不同）：取最小
+            n = torch.tensor([num_pages], device=self.device)
+            torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
+            num_pages = int(n)
         total = _memory(self.device)
         if num_pages * page_bytes > total:  # 一个写错的数：否则是分配器在工作进程里的一段 traceback
             raise ValueError(f"the KV pool from {source} needs {num_pages * page_bytes / 2**30:.1f} GiB, more than "

@@ -173,7 +173,12 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
                 raise ValueError("--cpu-kv-memory-mb applies on the CPU only: on a GPU the KV pool's size is "
                                  "--memory-ratio (or --num-pages)")
         model_path = resolve_model_path(ns.model)
-        load_hf_config(model_path)  # config.json 读不了（不是 JSON、缺字段）：在这里说，不等工作进程
+        try:
+            load_hf_config(model_path)  # config.json 读不了（不是 JSON、缺字段）：在这里说，不等工作进程
+        except (ValueError, OSError):
+            raise
+        except Exception as e:  # transformers 的校验（比如层数和 layer_types 的长度对不上）抛的不都是 ValueError
+            raise ValueError(f"--model {model_path}: its config.json is invalid: {e}") from None
         if not ns.dummy_weight and not any(Path(model_path).glob("*.safetensors")):
             raise ValueError(f"--model {model_path} has no *.safetensors weights (--dummy-weight starts with "
                              f"random weights from its config)")

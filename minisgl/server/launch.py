@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import multiprocessing as mp
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import psutil
@@ -370,8 +372,14 @@ class NodeLink:
         self.sock.close()
 
 def _must_agree(args: ServerArgs) -> Dict[str, Any]:
-    """每个节点必须相同的设置：不同的话各 rank 排出的批不一样，集合通信对不上。"""
+    """每个节点必须相同的设置：不同的话各 rank 排出的批不一样、录的图不一样，集合通信对不上；模型（同名目录里的
+    config.json 逐字节比）和 --dummy-weight 不同时，通信对得上，答案却是错的。KV 池的页数不在这里：引擎在各 rank
+    之间取最小（各卡的空闲显存本来就不一样）。"""
+    config = hashlib.sha256((Path(args.model_path) / "config.json").read_bytes()).hexdigest()[:12]
     return {"--tp": args.tp_info.size, "--nnodes": args.nnodes, "--model": args.served_model_name,
+            "--model (its config.json, sha256)": config, "--dummy-weight": args.use_dummy_weight,
+            "--device": pick_device(args.device).type, "--attn": args.attention_backend,
+            "--moe-backend": args.moe_backend, "--cuda-graph-max-bs": args.cuda_graph_max_bs,
             "--dtype": args.dtype, "--page-size": args.page_size, "--num-pages": args.num_pages,
             "--max-running-requests": args.max_running_req, "--max-seq-len-override": args.max_seq_len_override,
             "--max-prefill-length": args.max_extend_tokens, "--cache": args.cache_type,
