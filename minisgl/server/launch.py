@@ -191,8 +191,9 @@ async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
     logger.info(ready_message(args))
     while True:
         await asyncio.sleep(0.5)
-        dead = [f"{p.name} exited with code {p.exitcode}" for p in procs if p.exitcode is not None]
-        dead += [f"node {link.node_rank} went away" for link in links if link.recv(timeout=0) is None]
+        # 节点先看：一个节点走了，本节点的调度器 rank 随后死在集合通信里（gloo 报 connection reset）——原因是前者
+        dead = [f"node {link.node_rank} went away" for link in links if link.recv(timeout=0) is None]
+        dead += [f"{p.name} exited with code {p.exitcode}" for p in procs if p.exitcode is not None]
         if dead:
             reason = dead[0]
             logger.error(f"{reason}: failing all requests and shutting down")
