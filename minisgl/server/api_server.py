@@ -175,7 +175,9 @@ class FrontendManager:
 
     def fail_all(self, reason: str) -> None:
         """工作进程退出了，或者服务要停了（Ctrl-C、SIGTERM）：每个还在等回复的请求收到一条 "error" 结束，不会永远
-        挂着，也不会被拦腰取消。"""
+        挂着，也不会被拦腰取消。只算第一次：工作进程刚死、又来了 Ctrl-C，原因还是前者，也不给谁塞第二条结束。"""
+        if self.dead is not None:
+            return
         self.dead = reason
         for uid, event in self.event_map.items():
             self.ack_map[uid].append(UserReply(uid=uid, incremental_output="", finished=True, finish_reason="error"))

@@ -236,8 +236,7 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
             把它当成"强行退出"，不等还开着的流体面地关掉；体面的关闭最多 2 秒，用不着强行退出。"""
             if self.should_exit and sig == signal.SIGINT:
                 return
-            if not self.should_exit:
-                loop.call_soon_threadsafe(state.fail_all, f"stopped by {signal.Signals(sig).name}")
+            loop.call_soon_threadsafe(state.fail_all, f"stopped by {signal.Signals(sig).name}")
             super().handle_exit(sig, frame)
 
     server = Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
