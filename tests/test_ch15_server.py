@@ -640,7 +640,8 @@ def spawned(proc: subprocess.Popen) -> List[psutil.Process]:
 
 def test_two_nodes_equal_tp1(server, tiny_qwen3: Path, tmp_path: Path) -> None:
     """--tp 2 分在两个"节点"上（两个启动器，loopback 上的 gloo）：openai 客户端拿到的贪心结果与 TP=1 的服务相同；
-    只有节点 0 有 API Server 和分词进程；节点 0 收到 SIGTERM，节点 1 跟着以 0 退出，两边都不留子进程。"""
+    只有节点 0 有 API Server 和分词进程；再来一个 --node-rank 1 的节点：马上以一行错误退出，节点 0 照常服务；
+    节点 0 收到 SIGTERM，节点 1 跟着以 0 退出，两边都不留子进程。"""
     addr, log1 = f"127.0.0.1:{free_ports()}", tmp_path / "node1.log"
     node1 = subprocess.Popen(node_cmd(tiny_qwen3, addr, 1), stdout=log1.open("w"), stderr=subprocess.STDOUT,
                              start_new_session=True)  # 先起节点 1：它等节点 0
@@ -658,6 +659,11 @@ def test_two_nodes_equal_tp1(server, tiny_qwen3: Path, tmp_path: Path) -> None:
             tp1.chat.completions.create(**kw).choices[0].message.content
         w0, w1 = spawned(node0), spawned(node1)
         assert (len(w0), len(w1)) == (2, 1)  # 节点 0：TP0 调度器 + detokenizer；节点 1：只有 TP1 调度器
+        late = subprocess.run(node_cmd(tiny_qwen3, addr, 1), capture_output=True, text=True, timeout=120)
+        out = (late.stdout + late.stderr).strip()
+        assert late.returncode == 1 and len(out.splitlines()) == 1, out
+        assert "node 0 refused this node: all 2 nodes have already joined" in out, out
+        assert tp2.chat.completions.create(**kw).choices[0].message.content  # 节点 0 照常服务
         node0.send_signal(signal.SIGTERM)
         assert node0.wait(timeout=30) == 0
         assert node1.wait(timeout=30) == 0 and "node 0 is shutting down" in log1.read_text(), log1.read_text()[-2000:]
@@ -708,6 +714,60 @@ def test_nodes_with_different_models_are_refused(tiny_qwen3: Path, tmp_path: Pat
     assert [proc.returncode for proc in procs] == [1, 1], outs
     assert "node 1 was started with --model (its config.json, sha256)" in outs[0], outs[0][-2000:]
     assert "node 0 refused this node" in outs[1], outs[1][-2000:]
+
+def start_pair(model: Path, tmp_path: Path) -> Tuple[subprocess.Popen, subprocess.Popen, int]:
+    """两个节点（各自一个进程组），等节点 0 的 /health 回 200：(节点 0, 节点 1, 节点 0 的 HTTP 端口)。"""
+    addr = f"127.0.0.1:{free_ports()}"
+    node1 = subprocess.Popen(node_cmd(model, addr, 1), stdout=(tmp_path / "node1.log").open("w"),
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        node0, port = start_server(model, tmp_path / "node0.log", "--tp", "2", "--nnodes", "2", "--node-rank", "0",
+                                   "--dist-init-addr", addr)
+    except BaseException:
+        stop_server(node1)
+        raise
+    return node0, node1, port
+
+def test_node_1_gone_mid_answer(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """节点 1 在回答的半路被 kill -9：流以一个说出 "node 1 went away" 的 error 事件结束，节点 0 以 1 退出。节点 0
+    的 TP0 死在下一次集合通信里（gloo：connection reset by peer），只记一行，日志里没有 traceback。"""
+    node0, node1, port = start_pair(tiny_qwen3, tmp_path)
+    try:
+        frames: List[Dict[str, Any]] = []
+        body = {"prompt": "hello", "max_tokens": 240, "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    frames.append(json.loads(line[6:]))
+                    if len(frames) == 5:
+                        os.killpg(node1.pid, signal.SIGKILL)
+        assert "node 1 went away" in frames[-1]["error"]["message"] and len(frames) < 240, frames[-3:]
+        assert node0.wait(timeout=60) == 1
+        out = (tmp_path / "node0.log").read_text()
+        assert "TP0: another rank went away during a collective" in out and "Traceback" not in out, out[-3000:]
+    finally:
+        stop_server(node0)
+        stop_server(node1)
+
+def test_node_0_failing_stops_node_1_with_its_code(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """节点 0 的 detokenizer 死了：节点 0 以 1 退出，并把这个退出码告诉节点 1，节点 1 也以 1 退出（Ctrl-C 停下
+    节点 0 时两边都是 0，见 test_two_nodes_equal_tp1）。两边都没有 traceback，不留子进程。"""
+    node0, node1, _ = start_pair(tiny_qwen3, tmp_path)
+    try:
+        workers = spawned(node0) + spawned(node1)
+        detok = [w for w in spawned(node0) if not w.net_connections(kind="tcp")]  # TP0 连着 gloo，detokenizer 只用 ipc
+        assert len(detok) == 1, [w.net_connections(kind="tcp") for w in spawned(node0)]
+        detok[0].kill()
+        assert (node0.wait(timeout=60), node1.wait(timeout=60)) == (1, 1)
+        logs = [(tmp_path / f"node{rank}.log").read_text() for rank in (0, 1)]
+        assert "minisgl-detokenizer exited with code -9" in logs[0], logs[0][-3000:]
+        assert "node 0 is shutting down (exit code 1)" in logs[1], logs[1][-3000:]
+        assert not any("Traceback" in log for log in logs), logs
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, [w.cmdline() for w in alive]
+    finally:
+        stop_server(node0)
+        stop_server(node1)
 
 
 def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path) -> None:

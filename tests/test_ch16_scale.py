@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -134,6 +135,20 @@ def test_same_greedy_answers_through_the_router(fleet: Fleet) -> None:
             model="smollm2", messages=[{"role": "user", "content": question}], max_tokens=24,
             temperature=0).choices[0].message.content for u in [router, *replicas]]
         assert answers[0] and answers == [answers[0]] * 3, answers
+
+def test_busy_router_port_is_one_line(tmp_path: Path) -> None:
+    """路由器的端口被占着：serve_dp.py 在起任何副本之前以一行错误、退出码 2 结束（不然要等副本加载完，再看
+    路由器的 traceback）。"""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, str(TOOLS / "serve_dp.py"), "2", "--port", str(port), "--log-dir",
+                               str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == f"serve_dp.py: error: --host 127.0.0.1 --port {port}: the router cannot listen there: " \
+                          "Address already in use\n", done.stderr
+    assert not list(tmp_path.iterdir())  # 没有起过副本：一个日志都没有
 
 def test_sigterm_stops_everything(fleet: Fleet) -> None:
     """SIGTERM 给 serve_dp.py：它以 0 退出，路由器、两个副本和它们的工作进程都不在了（本模块最后一个测试）。"""

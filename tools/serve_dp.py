@@ -52,6 +52,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_port(host: str, port: int) -> None:
+    """路由器的地址在起副本之前先试绑一下：被占的端口、不是本机的 --host 立刻是一行错误，而不是等副本加载完模型，
+    再看路由器的一段 Rust panic 转成的 Python traceback。"""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # 和路由器一样：不怕 TIME_WAIT
+            s.bind(addr)
+    except OSError as e:  # socket.gaierror 也是 OSError
+        raise ValueError(f"--host {host} --port {port}: the router cannot listen there: {e.strerror}") from None
+
+
 def _die_with_parent() -> None:
     """子进程里、exec 之前：本脚本被 SIGKILL 时（来不及收拾）内核给子进程发 SIGTERM（只有 Linux 有）。"""
     os.setsid()  # 自己一个进程组：收拾时整组一起结束
@@ -224,6 +237,11 @@ def main(argv: List[str] | None = None) -> int:
         print("serve_dp.py needs SGLang's router: pip install -e \".[scale]\" (or pip install sglang-router==0.3.2)",
               file=sys.stderr)
         return 1
+    try:
+        check_port(args.host, args.port)
+    except ValueError as e:
+        print(f"serve_dp.py: error: {e}", file=sys.stderr)  # 和 argparse 的错误一样：一行，退出码 2
+        return 2
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="minisgl-dp-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _interrupt)

@@ -100,7 +100,15 @@ def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
             ack_queue.put("Scheduler is ready")
     if args.silent_output:
         logging.disable(logging.INFO)
-    scheduler.run_forever()  # 第 14 章：收消息、跑一步；Ctrl-C 或 ExitMsg 时清理退出
+    try:
+        scheduler.run_forever()  # 第 14 章：收消息、跑一步；Ctrl-C 或 ExitMsg 时清理退出
+    except RuntimeError as e:
+        # 另一个 rank 不在了（它的节点退出、被 kill），本 rank 死在下一次集合通信里：gloo 报 "Connection reset by
+        # peer" 或 "closed by peer"。原因由启动器说（"node 1 went away"），这里一行就够，不打几十行的 traceback
+        if args.tp_info.size == 1 or "by peer" not in str(e):
+            raise
+        logger.error(f"TP{args.tp_info.rank}: another rank went away during a collective: exiting")
+        sys.exit(1)
 
 
 class WorkerError(RuntimeError):
@@ -184,8 +192,8 @@ def ready_message(args: ServerArgs) -> str:
             f"max_tokens=32).choices[0].message.content)\"")
 
 async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], links: List[NodeLink],
-                 server: Any) -> None:
-    """打印就绪行；之后每半秒看一眼工作进程和其他节点：有一个退出了，就让等着的请求收到 503，然后关掉服务。"""
+                 server: Any, died: List[str]) -> None:
+    """打印就绪行；之后每半秒看一眼工作进程和其他节点：有一个退出了，记进 died、让等着的请求收到 503，然后关掉服务。"""
     while not server.started:
         await asyncio.sleep(0.1)
     logger.info(ready_message(args))
@@ -196,6 +204,7 @@ async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
         dead += [f"{p.name} exited with code {p.exitcode}" for p in procs if p.exitcode is not None]
         if dead:
             reason = dead[0]
+            died.append(reason)  # 先记下：接下来的 1 秒里来一个 Ctrl-C，退出码也还是 1
             logger.error(f"{reason}: failing all requests and shutting down")
             state.fail_all(reason)
             await asyncio.sleep(1.0)  # 让等着的请求先把 503 发出去
@@ -220,9 +229,9 @@ def listen_socket(args: ServerArgs) -> socket.socket:
     return sock
 
 async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], links: List[NodeLink],
-                 sock: socket.socket, interrupts: List[int]) -> int:
+                 sock: socket.socket, interrupts: List[int], died: List[str]) -> int:
     """HTTP 服务，直到 Ctrl-C、SIGTERM 或某个工作进程退出。interrupts：uvicorn 接管信号之前（和交还之后）来的
-    Ctrl-C / SIGTERM，由 launch_server 装的处理函数记下。"""
+    Ctrl-C / SIGTERM，由 launch_server 装的处理函数记下；died：_watch 看到的工作进程或节点的退出。"""
     import uvicorn
 
     loop = asyncio.get_running_loop()
@@ -242,9 +251,8 @@ async def _serve(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
     server = Server(uvicorn.Config(app, host=args.server_host, port=args.server_port,
                                    log_level="warning", timeout_graceful_shutdown=2))
     server.should_exit = bool(interrupts)  # 还没开始服务就被打断了：uvicorn 起来就停
-    watch = asyncio.create_task(_watch(args, state, procs, links, server))
+    watch = asyncio.create_task(_watch(args, state, procs, links, server, died))
     await server.serve(sockets=[sock])  # 之后来的信号落到 interrupts 里：只是记下
-    died = watch.done()  # _watch 只在工作进程或节点退出时自己返回；Ctrl-C / SIGTERM 时它还在看
     watch.cancel()
     return 1 if died or not server.started else 0
 
@@ -319,26 +327,29 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
         # uvicorn 接管信号之前（import uvicorn、建 Server 的那一段）来的 Ctrl-C 也只是记下：asyncio.run 见到 SIGINT
         # 还是默认的处理函数，就装上它自己的——取消主任务，uvicorn 启动到一半被取消，打出一段 CancelledError
         interrupts: List[int] = []
+        died: List[str] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: interrupts.append(signum))
-        code = asyncio.run(_serve(args, state, procs, links, sock, interrupts))
-        if interrupts:
+        code = asyncio.run(_serve(args, state, procs, links, sock, interrupts, died))
+        if interrupts and not died:
             raise KeyboardInterrupt  # 和别处的 Ctrl-C 一样：exit_code 记一行、返回 0
         return code
 
+    code = 1  # exit_code 之外的异常（我们的 bug）照样往外抛，其他节点也以 1 退出
     try:
-        return exit_code(run)
+        code = exit_code(run)
+        return code
     finally:
         _shutting_down()
-        for link in links:  # 先告诉其他节点退出，再收拾本机的工作进程
-            link.send("exit")
+        for link in links:  # 先告诉其他节点退出（带上本节点的退出码），再收拾本机的工作进程
+            link.send(f"exit {code}")
             link.close()
         kill_workers()
         state.shutdown()
 
 
 class NodeLink:
-    """两台机器的启动器之间的一条 TCP 连接，一行一条消息（hello / go / ready / exit / error）。
+    """两台机器的启动器之间的一条 TCP 连接，一行一条消息（hello / go / ready / exit CODE / error）。
     连接断开就说明对面的启动器不在了：不需要心跳。"""
 
     def __init__(self, sock: socket.socket, node_rank: int = 0) -> None:
@@ -401,42 +412,67 @@ def accept_nodes(args: ServerArgs) -> List[NodeLink]:
     links: Dict[int, NodeLink] = {}
     deadline = time.monotonic() + args.dist_timeout
     try:
-        with listener:
-            while len(links) < args.nnodes - 1:
-                listener.settimeout(max(deadline - time.monotonic(), 0.01))
-                try:
-                    sock, _ = listener.accept()
-                except TimeoutError:
-                    missing = sorted(set(range(1, args.nnodes)) - set(links))
-                    raise WorkerError(f"{flag}: node(s) {missing} did not join within {args.dist_timeout:g} s "
-                                      f"(start them with the same --dist-init-addr and --nnodes {args.nnodes})") \
-                        from None
-                link = NodeLink(sock)
-                hello = link.recv(timeout=max(deadline - time.monotonic(), 1.0)) or ""
-                try:
-                    rank, theirs = json.loads(hello.removeprefix("minisgl "))
-                except (ValueError, TypeError):
-                    link.close()  # 不是我们的节点（端口扫描、连上又断了）：不理它
-                    continue
-                link.node_rank = rank
-                mine = _must_agree(args)
-                diff = [k for k in mine if mine[k] != theirs.get(k)]
+        while len(links) < args.nnodes - 1:
+            listener.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                missing = sorted(set(range(1, args.nnodes)) - set(links))
+                raise WorkerError(f"{flag}: node(s) {missing} did not join within {args.dist_timeout:g} s "
+                                  f"(start them with the same --dist-init-addr and --nnodes {args.nnodes})") from None
+            link, rank, theirs = _hello(sock, timeout=max(deadline - time.monotonic(), 1.0))
+            if link is None:
+                continue  # 不是我们的节点（端口扫描、连上又断了）：不理它
+            mine = _must_agree(args)
+            diff = [k for k in mine if mine[k] != theirs.get(k)]
+            if rank in links:  # 同一个 --node-rank 起了两次：先到的留下，后到的被告知原因，节点 0 接着等别的节点
+                link.send(f"error node {rank} has already joined: is it started twice?")
+                link.close()
+                continue
+            if diff:
                 error = (f"node {rank} was started with {diff[0]} {theirs.get(diff[0])}, node 0 with "
-                         f"{diff[0]} {mine[diff[0]]}: every node needs the same settings") if diff else \
-                    f"two nodes were started with --node-rank {rank}" if rank in links else None
-                if error:
-                    link.send(f"error {error}")
-                    link.close()
-                    raise WorkerError(f"{flag}: {error}")
-                links[rank] = link
-                logger.info(f"node {rank} joined ({len(links) + 1}/{args.nnodes})")
+                         f"{diff[0]} {mine[diff[0]]}: every node needs the same settings")
+                link.send(f"error {error}")
+                link.close()
+                raise WorkerError(f"{flag}: {error}")
+            links[rank] = link
+            logger.info(f"node {rank} joined ({len(links) + 1}/{args.nnodes})")
     except BaseException:
+        listener.close()
         for link in links.values():
             link.close()
         raise
     for link in links.values():
         link.send("go")
+    threading.Thread(target=_refuse_late_nodes, args=(listener, args), daemon=True).start()
     return list(links.values())
+
+def _hello(sock: socket.socket, timeout: float) -> tuple[NodeLink | None, int, Dict[str, Any]]:
+    """读一个新连接的第一行：是我们的节点（"minisgl [rank, 设置]"）就返回连接、它的 --node-rank 和设置；
+    不是（端口扫描、连上又断了）就关掉连接，返回 (None, -1, {})。"""
+    link = NodeLink(sock)
+    try:
+        rank, theirs = json.loads((link.recv(timeout=timeout) or "").removeprefix("minisgl "))
+        link.node_rank = int(rank)
+        return link, link.node_rank, dict(theirs)
+    except (ValueError, TypeError):
+        link.close()
+        return None, -1, {}
+
+def _refuse_late_nodes(listener: socket.socket, args: ServerArgs) -> None:
+    """节点 0 开始之后仍在 PORT+1 上接听，直到退出：来晚的节点（同一个 --node-rank 起了两次、--nnodes 数错了）
+    马上被告知原因。不接听的话它连不上，只能重试到 --dist-timeout，再说"节点 0 没有应答"——节点 0 明明在。"""
+    listener.settimeout(None)
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        link, rank, _ = _hello(sock, timeout=5.0)
+        if link is not None:
+            link.send(f"error all {args.nnodes} nodes have already joined and node 0 has started; "
+                      f"is node {rank} started twice?")
+            link.close()
 
 def join_node0(args: ServerArgs) -> NodeLink:
     """节点 r > 0：连上节点 0 的 PORT+1（它可能还没起来：重试到 --dist-timeout），报到，等它说 go。"""
@@ -465,7 +501,7 @@ def join_node0(args: ServerArgs) -> NodeLink:
                       ("it closed the connection; its log says why)" if reply is None else "no answer)"))
 
 def serve_node(args: ServerArgs) -> int:
-    """节点 r > 0 的启动器：报到，起本节点的调度器 rank，然后守着——直到节点 0 说 exit（退出码 0）、
+    """节点 r > 0 的启动器：报到，起本节点的调度器 rank，然后守着——直到节点 0 说 exit（退出码跟节点 0 的一样）、
     节点 0 不在了或者本节点的一个 rank 退出（1）、或者收到 SIGTERM / Ctrl-C（0）。"""
     links: List[NodeLink] = []  # 报到成功后的那一条连接
 
@@ -475,17 +511,19 @@ def serve_node(args: ServerArgs) -> int:
         logger.info(f"node {args.node_rank}: started {', '.join(p.name for p in procs)}")
         while True:
             line = links[0].recv(timeout=0.5)
+            dead = [p for p in procs if p.exitcode is not None]
+            if dead:  # 先看本节点的 rank：它死了，节点 0 随后发来的 exit 只是这件事的后果
+                logger.error(f"{dead[0].name} exited with code {dead[0].exitcode}: shutting down")
+                return 1
             if line == "ready":
                 logger.info(f"node {args.node_rank}: serving; the API server is on node 0")
-            elif line == "exit":
-                logger.info(f"node {args.node_rank}: node 0 is shutting down, so is this node")
-                return 0
+            elif line is not None and line.startswith("exit"):
+                code = int(line.removeprefix("exit") or 0)
+                logger.log(logging.ERROR if code else logging.INFO,
+                           f"node {args.node_rank}: node 0 is shutting down (exit code {code}), so is this node")
+                return code
             elif line is None:
                 logger.error(f"node {args.node_rank}: node 0 went away: shutting down")
-                return 1
-            dead = [p for p in procs if p.exitcode is not None]
-            if dead:
-                logger.error(f"{dead[0].name} exited with code {dead[0].exitcode}: shutting down")
                 return 1
 
     try:
