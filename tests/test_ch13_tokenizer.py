@@ -98,7 +98,7 @@ def test_chat_templates(tokenizers: Dict[str, Any]) -> None:
     assert smol.render(chat).startswith("<|im_start|>system\n")  # 没有 system 消息时模板给一条默认的
     assert qwen.tokenize(TokenizeMsg(0, "1+1=", SamplingParams())).input_ids.tolist() == \
         tokenizers["qwen3"].encode("1+1=")  # 纯提示词：不套模板
-    with pytest.raises(ValueError, match="request 9: the prompt is empty"):
+    with pytest.raises(ValueError, match="^the prompt is empty after tokenization$"):
         qwen.tokenize(TokenizeMsg(9, "", SamplingParams()))
     assert qwen.tokenize(TokenizeMsg(4, [5, 0, 151643], SamplingParams())).input_ids.tolist() == [5, 0, 151643]
 
@@ -306,7 +306,7 @@ def test_routing_in_one_process(tokenizers: Dict[str, Any]) -> None:
     assert loop.step([DetokenizeMsg(2, 5, False)]).frontend == []
     out = loop.step([TokenizeMsg(3, "", SamplingParams())])  # 坏请求只结束它自己，原因写在 error 里
     assert out.frontend == [UserReply(uid=3, incremental_output="", finished=True, finish_reason="abort",
-                                      error="request 3: the prompt is empty after tokenization")]
+                                      error="the prompt is empty after tokenization")]
     with pytest.raises(TypeError, match="UserMsg"):
         loop.step([UserMsg(0, torch.zeros(1, dtype=torch.int32), SamplingParams())])  # type: ignore[list-item]
 

@@ -261,6 +261,7 @@ BAD: List[Tuple[str, Any, str | None]] = [  # (接口, 请求体, OpenAI 错误�
     ("/v1/chat/completions", {"model": "m"}, "messages"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}, "prompt"),  # 哪个算？
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
@@ -297,6 +298,9 @@ def test_malformed_requests(server) -> None:
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["message"], err
         assert err["param"] == param, (body, err)
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", content=b'{"prompt": "hi"}',
+                   headers={"Content-Type": "application/x-www-form-urlencoded"})  # curl -d 不加 -H 时就是这个类型
+    assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"], r.text
     r = httpx.get(f"http://127.0.0.1:{port}/nope")
     assert r.status_code == 404 and "error" in r.json()
     with pytest.raises(Exception) as e:  # 官方客户端把 400 变成 BadRequestError

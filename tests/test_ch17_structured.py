@@ -1140,13 +1140,18 @@ def test_server_reasoning(server, tiny_qwen3, smollm2) -> None:
     answer = c.chat.completions.create(**forced(said), logprobs=True)
     whole = answer.choices[0].message
     assert (whole.reasoning_content, whole.content) == ("The user wants the weather.", "It is sunny in Paris.")
-    tokens = [t.token for t in answer.choices[0].logprobs.content]  # 思考的 token：到 </think> 为止，包括它
-    assert answer.usage.completion_tokens_details.reasoning_tokens == tokens.index("</think>") + 1 < len(tokens)
-    chunks = list(c.chat.completions.create(**forced(said), stream=True, stream_options={"include_usage": True}))
+    tokens = [t.token for t in answer.choices[0].logprobs.content]  # 只有内容的 token（和 </think> 之后丢掉的空行）
+    assert "".join(tokens).lstrip() == whole.content, tokens
+    assert answer.usage.completion_tokens_details.reasoning_tokens + len(tokens) <= answer.usage.completion_tokens
+    chunks = list(c.chat.completions.create(**forced(said), stream=True, logprobs=True,
+                                            stream_options={"include_usage": True}))
     assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks[:-1]) == \
         whole.reasoning_content
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == whole.content
     assert chunks[-1].usage.completion_tokens_details == answer.usage.completion_tokens_details
+    with_logprobs = [ch.choices[0] for ch in chunks[:-1] if ch.choices[0].logprobs]  # 流式：只有内容的片段带着
+    assert all(choice.delta.content for choice in with_logprobs), with_logprobs
+    assert [t.token for choice in with_logprobs for t in choice.logprobs.content] == tokens
     kept = c.chat.completions.create(**forced(said, extra_body={"separate_reasoning": False})).choices[0].message
     assert kept.content == said and getattr(kept, "reasoning_content", None) is None
     call = {"name": "get_time", "arguments": {}}
@@ -1367,7 +1372,7 @@ def test_thinking_grammar(vocab: Vocab) -> None:
 
 def test_server_grammar_after_thinking(server, tiny_qwen3) -> None:
     """Qwen3 的模板会思考：受约束的请求让模型先想，语法等 </think> 之后再管。logit_bias 让随机模型先写 <think>、
-    再写 </think>（logprobs 里前两个 token 就是它们），思考是空的，回答合乎 schema，思考的 token 是 2 个；关掉思考
+    再写 </think>，思考是空的，回答合乎 schema，思考的 token 是 2 个（内容的 logprobs 里没有它们）；关掉思考
     （enable_thinking: false）或不切思考（separate_reasoning: false）时语法从第一个 token 管起，<think> 写不出来。"""
     port, _ = server
     c = client(port)
@@ -1376,10 +1381,10 @@ def test_server_grammar_after_thinking(server, tiny_qwen3) -> None:
     ask = dict(model="m", messages=[{"role": "user", "content": "Pick one."}], max_tokens=50, temperature=0,
                response_format=schema_format(PICK), logit_bias=bias)
     r = c.chat.completions.create(**ask, logprobs=True)
-    assert [t.token for t in r.choices[0].logprobs.content[:2]] == ["<think>", "</think>"]
     assert r.choices[0].finish_reason == "stop" and json.loads(r.choices[0].message.content)["a"] in (1, 2, 3)
     assert getattr(r.choices[0].message, "reasoning_content", None) is None
-    assert r.usage.completion_tokens_details.reasoning_tokens == 2
+    assert r.usage.completion_tokens_details.reasoning_tokens == 2  # <think> 和 </think>：不在内容的 logprobs 里
+    assert "".join(t.token for t in r.choices[0].logprobs.content).lstrip() == r.choices[0].message.content
     for extra in (DIRECT, {"separate_reasoning": False}):
         direct = c.chat.completions.create(**ask, extra_body=extra).choices[0]
         assert direct.finish_reason == "stop" and json.loads(direct.message.content)["a"] in (1, 2, 3), extra
@@ -1561,6 +1566,32 @@ def test_json_the_server_cannot_use_is_400(server) -> None:
     said = '<tool_call>\n{"name": "get_time", "arguments": {"a": ' + "[" * 1500 + "]" * 1500 + "}}\n</tool_call>"
     thought, content, calls = _split(_splitter(None, ToolCalls(TOOLS), 1), said, True)
     assert (thought, calls) == ("", []) and content == said  # 不是合法的 JSON：原样是内容
+
+def test_what_the_server_sets_is_400(server) -> None:
+    """chat_template_kwargs 里放 apply_chat_template 自己的参数、对话接口同时给 messages 和 prompt、Responses 的空 input
+    和不是函数的工具：都是指明参数的 400。不然 tools: 5 是一句 transformers 的话、算在 messages 头上，tokenize 撞车，
+    continue_final_message 绕过它自己的检查、接着 user 消息写，prompt 被悄悄丢掉。模板的变量照收。"""
+    port, _ = server
+    ask = [{"role": "user", "content": "Hi"}]
+    chat = [({"chat_template_kwargs": {key: value}}, "chat_template_kwargs",
+             f"{key!r} is an argument of apply_chat_template")
+            for key, value in [("tools", 5), ("add_generation_prompt", False), ("continue_final_message", True),
+                               ("tokenize", True), ("return_dict", True)]]
+    chat += [({"prompt": "Hi"}, "prompt", "give 'messages' or 'prompt', not both")]
+    responses = [({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs",
+                  "'chat_template' is an argument of apply_chat_template"),
+                 ({"input": []}, "input", "input is empty"),
+                 ({"tools": [{"type": "web_search"}]}, "tools", "type 'web_search' is not supported")]
+    for path, cases in [("/v1/chat/completions", [({"messages": ask, **b}, p, m) for b, p, m in chat]),
+                        ("/v1/responses", [({"input": ask, **b}, p, m) for b, p, m in responses])]:
+        for body, param, message in cases:
+            r = httpx.post(f"http://127.0.0.1:{port}{path}", json={"max_tokens" if "chat" in path else
+                                                                   "max_output_tokens": 4, **body}, timeout=60)
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["param"] == param and message in error["message"], (body, error)
+    answer = client(port).chat.completions.create(model="m", messages=ask, max_tokens=2,
+                                                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert answer.choices[0].finish_reason == "length"
 
 
 @pytest.mark.gpu

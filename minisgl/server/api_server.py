@@ -482,9 +482,30 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # 不给：有 tools 时是 auto
     parallel_tool_calls: bool = True  # false：强制调用时只调一个
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: Dict[str, Any] | None) -> Dict[str, Any] | None:
+        return _template_variables(value)
+
     def tool_view(self) -> Tuple[List[Tool], Any, bool]:
         """(tools, tool_choice, parallel_tool_calls)：Responses API 的请求有同名的方法，把它扁平的工具换成这个形状。"""
         return self.tools or [], self.tool_choice or "auto", self.parallel_tool_calls
+
+# apply_chat_template 自己的参数：服务按请求的字段给它们（tools、continue_final_message、add_generation_prompt……）。
+# 放进 chat_template_kwargs，有的和服务给的撞车（got multiple values for keyword argument），有的悄悄绕过那些字段的
+# 检查（continue_final_message 接着 user 消息写），return_dict 之类连返回值的类型都换了
+_TEMPLATE_ARGS = ("conversation", "tools", "chat_template", "add_generation_prompt",
+                  "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+                  "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+
+def _template_variables(value: Dict[str, Any] | None) -> Dict[str, Any] | None:
+    """chat_template_kwargs 只放模板里的变量（enable_thinking 这类）；apply_chat_template 自己的参数是 400。"""
+    taken = [key for key in _TEMPLATE_ARGS if key in (value or {})]
+    if taken:
+        raise ValueError(f"{taken[0]!r} is an argument of apply_chat_template, which the server sets from the "
+                         f"request's own fields; chat_template_kwargs is for the template's variables "
+                         f"(e.g. enable_thinking)")
+    return value
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | List[str] | List[int] | List[List[int]]  # 一个或几个提示词；文字，或者 token id
@@ -656,6 +677,7 @@ class _Splitter:
     reasoning: ReasoningParser | None
     tools: ToolCallParser | None
     thinking: int = 0  # 喂进来时思考还没写完的回复数：一条回复一个 token
+    pending: List[Dict[str, Any]] = field(default_factory=list)  # 文字还扣在切分器里的 token（logprobs 的项）
 
     @property
     def reasoning_tokens(self) -> int:
@@ -682,6 +704,25 @@ def _split(parser: _Splitter, text: str, finished: bool) -> Tuple[str, str, List
             rest, more_calls = parser.tools.finish()
             content, calls = content + rest, calls + more_calls
     return thought, content, calls
+
+def _split_reply(parser: _Splitter, ack: UserReply, top: int) \
+        -> Tuple[str, str, List[Dict[str, Any]], List[Dict[str, Any]] | None]:
+    """_split 一条回复，再把它带来的 token（对话接口 logprobs.content 的项，每个位置另给 top 个；没要 logprobs 时
+    是 None）分给内容：内容只拿写出它的 token。回复写了思考或调用、或者算进了思考（</think> 那一条）却没写内容，
+    它的 token 不给；什么都没写（切分器扣着半个 <tool_call>、</think> 之后的空行）就先存着，等内容出来一起给——
+    所以 </think> 之后被丢掉的空行，它们的 token 也在内容的开头；回答结束时还存着的（没有文字的最后一个 token），
+    也给内容。"""
+    thinking = parser.reasoning_tokens
+    thought, text, calls = _split(parser, ack.incremental_output, ack.finished)
+    got = _chat_logprobs(ack.logprobs, top)
+    if got is None:
+        return thought, text, calls, None
+    entries, parser.pending = parser.pending + got["content"], []
+    if not text and (thought or calls or parser.reasoning_tokens > thinking):
+        return thought, text, calls, []
+    if not text and not ack.finished:
+        parser.pending, entries = entries, []
+    return thought, text, calls, entries
 
 def _tool_call(call: Dict[str, Any], stream: bool) -> Dict[str, Any]:
     """OpenAI 形状的一个调用；流式的片段里多一个 index（这个回答的第几个调用）。"""
@@ -710,16 +751,18 @@ def _stream(state: FrontendManager, uids: List[int], shape: _Shape, include_usag
                                                   "type": "server_error", "param": None, "code": None}}))
                     yield b"".join(frames)
                     return
-                thought, text, calls = _split(parsers[i], ack.incremental_output, ack.finished)
-                if thought:
-                    frames.append(chunk(i, {"delta": {"reasoning_content": thought}}))
-                if text or ack.logprobs:  # 没有新文字的回复（扣着半个字符、半个 <tool_call>）不发空片段
-                    if shape.chat:
-                        frames.append(chunk(i, {"delta": {"content": text}}, _chat_logprobs(ack.logprobs, shape.top)))
-                    else:
-                        frames.append(chunk(i, {"text": text},
-                                            _completion_logprobs(ack.logprobs, shape.top, offsets[i])))
-                frames += [chunk(i, {"delta": {"tool_calls": [_tool_call(c, stream=True)]}}) for c in calls]
+                # 没有新文字的回复（扣着半个字符、半个 <tool_call>）不发空片段；对数概率只跟着内容走（_split_reply）
+                if shape.chat:
+                    thought, text, calls, lp = _split_reply(parsers[i], ack, shape.top)
+                    if thought:
+                        frames.append(chunk(i, {"delta": {"reasoning_content": thought}}))
+                    if text or lp:
+                        frames.append(chunk(i, {"delta": {"content": text}},
+                                            None if lp is None else {"content": lp, "refusal": None}))
+                    frames += [chunk(i, {"delta": {"tool_calls": [_tool_call(c, stream=True)]}}) for c in calls]
+                elif ack.incremental_output or ack.logprobs:
+                    frames.append(chunk(i, {"text": ack.incremental_output},
+                                        _completion_logprobs(ack.logprobs, shape.top, offsets[i])))
                 if ack.finished:
                     finals[i] = ack
                     frames.append(chunk(i, {"delta": {}} if shape.chat else {"text": ""},
@@ -738,13 +781,13 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
     choices, thinking = [], 0
     for i, replies in enumerate(groups):
         last = replies[-1]
-        entries = None if last.logprobs is None else [e for r in replies for e in r.logprobs or []]
         choice: Dict[str, Any] = {"index": i, "finish_reason": last.finish_reason}
         if shape.chat:
             parser = shape.parser(last.uid)
-            pieces = [_split(parser, r.incremental_output, r.finished) for r in replies]
+            pieces = [_split_reply(parser, r, shape.top) for r in replies]
             thought, content, calls = ("".join(p[0] for p in pieces), "".join(p[1] for p in pieces),
                                        [c for p in pieces for c in p[2]])
+            entries = None if last.logprobs is None else [e for p in pieces for e in p[3] or []]
             thinking += parser.reasoning_tokens
             choice["finish_reason"] = shape.finish_reason(last.finish_reason, parser)
             message: Dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
@@ -753,10 +796,11 @@ def _response(groups: List[List[UserReply]], shape: _Shape) -> Dict[str, Any]:
             if calls:
                 message["tool_calls"] = [_tool_call(c, stream=False) for c in calls]
             choice["message"] = message
-            choice["logprobs"] = _chat_logprobs(entries, shape.top)
+            choice["logprobs"] = None if entries is None else {"content": entries, "refusal": None}
         else:
             echo = shape.echo[i] if shape.echo else ""
             choice["text"] = echo + "".join(r.incremental_output for r in replies)
+            entries = None if last.logprobs is None else [e for r in replies for e in r.logprobs or []]
             choice["logprobs"] = _completion_logprobs(entries, shape.top, len(echo))
         choices.append(choice)
     return {**shape.head, "object": "chat.completion" if shape.chat else "text_completion", "choices": choices,
@@ -800,6 +844,9 @@ async def _validation_error(request: Request, e: RequestValidationError) -> JSON
         return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', '')}").response()
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
     where = ".".join(loc) or "body"
+    if where == "body" and "json" not in request.headers.get("content-type", ""):  # curl -d 默认是表单的类型
+        return APIError(400, "the request body must be a JSON object, sent with the header "
+                             "Content-Type: application/json").response()
     if unknown:
         return APIError(400, f"{where} is not supported by this server", param=loc[0]).response()
     cause = err.get("ctx", {}).get("error")
@@ -838,6 +885,8 @@ app.add_middleware(_CheckApiKey)
 @app.post("/v1/chat/completions")
 async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
     tools = _tools(req)
+    if req.messages and req.prompt:
+        raise APIError(400, "give 'messages' or 'prompt', not both", param="prompt")
     if req.messages:
         text: str | List[Dict[str, Any]] = [m.to_template() for m in req.messages]
     elif tools is not None:
@@ -1069,6 +1118,13 @@ class ResponsesTool(FunctionDef):
 
     type: Literal["function"]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _functions_only(cls, value: Any) -> Any:  # 不然 web_search 之类说的是"缺 name"
+        if isinstance(value, dict) and value.get("type") != "function":
+            raise ValueError(f"type {value.get('type')!r} is not supported: only function tools")
+        return value
+
 class ResponsesToolChoice(_Strict):
     type: Literal["function"]
     name: str
@@ -1132,6 +1188,11 @@ class ResponsesRequest(_OpenAIRequest):
     previous_response_id: str | None = None  # 接着这个响应往下说：服务记得它的整段对话（下面的 ResponseStore）
     chat_template_kwargs: Dict[str, Any] | None = None  # 和对话接口的同名扩展一样：例如 {"enable_thinking": false}
     reasoning: ResponsesReasoning | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: Dict[str, Any] | None) -> Dict[str, Any] | None:
+        return _template_variables(value)
 
     def tool_view(self) -> Tuple[List[Tool], Any, bool]:
         """工具换成对话接口的形状，_tools 和 _grammar 两个接口共用。"""
@@ -1248,9 +1309,8 @@ class _Output:
     """一个回答的输出项，一条回复一条回复地建起来：思考是 reasoning 项，文字是 message 项，每个调用一个
     function_call 项，按出现的先后排 output_index。feed 返回这条回复引出的事件（流式时发出去，非流式时丢掉）；
     回答结束后 items 就是响应的 output。什么也没写的回答有一个空的 message 项。
-    top：要了 logprobs 时每个位置另给几个（None：没要）。对数概率只给 message 项的文字：一条回复的几项跟着它切出来的
-    文字走，文字被切分器扣着时先存着；这条回复没写文字、却写了思考或调用（或者算进了思考：</think>）时，它们属于
-    思考或调用，不给。"""
+    top：要了 logprobs 时每个位置另给几个（None：没要）。对数概率只给 message 项的文字，怎么分见 _split_reply（对话
+    接口的 logprobs.content 也这样分）。"""
 
     def __init__(self, rid: str, parser: _Splitter, event: Callable[..., bytes], top: int | None = None) -> None:
         self.rid, self.parser, self.event, self.top = rid, parser, event, top
@@ -1258,20 +1318,14 @@ class _Output:
         self.open: Dict[str, int] = {}  # 还在写的文字项（reasoning / message）→ 它的 output_index
         self.texts: Dict[str, str] = {}
         self.logprobs: List[Dict[str, Any]] = []  # message 项的文字的每个 token（对话接口的形状）
-        self.pending: List[Dict[str, Any]] = []  # 文字还扣在切分器里的 token
 
     def feed(self, ack: UserReply) -> List[bytes]:
-        thinking = self.parser.reasoning_tokens
-        thought, text, calls = _split(self.parser, ack.incremental_output, ack.finished)
-        got = _chat_logprobs(ack.logprobs, self.top or 0)  # 这条回复带来的 token；没要 logprobs 时是 None
-        entries, self.pending = self.pending + (got["content"] if got else []), []
-        if not (text or thought or calls or self.parser.reasoning_tokens > thinking):
-            self.pending = entries  # 文字还扣在切分器里：等它出来
+        thought, text, calls, entries = _split_reply(self.parser, ack, self.top or 0)
         frames = self._write("reasoning", thought) if thought else []
         if text or calls:  # 思考写完了
             frames += self._close("reasoning")
         if text:
-            frames += self._write("message", text, entries)
+            frames += self._write("message", text, entries or [])
         for call in calls:  # 写完一个调用：它的输出项从加入到完成，参数一次给全
             at = dict(item_id=f"fc_{self.rid}_{call['index']}", output_index=len(self.items))
             self.items.append(_function_call_item(self.rid, call, "completed"))
@@ -1332,6 +1386,8 @@ async def v1_responses(req: ResponsesRequest, request: Request):
     tools = _tools(req)
     items = _previous_items(req) + req.input_items()  # 这段对话到这次为止的项
     messages = req.messages(items)
+    if not messages:
+        raise APIError(400, "input is empty: give a string or at least one item", param="input")
     top = (req.top_logprobs or 0) if "message.output_text.logprobs" in (req.include or []) else None
     if req.top_logprobs is not None and top is None:
         raise APIError(400, 'top_logprobs needs include: ["message.output_text.logprobs"]', param="top_logprobs")

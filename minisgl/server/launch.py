@@ -104,10 +104,13 @@ def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue | None) -> None:
         scheduler.run_forever()  # 第 14 章：收消息、跑一步；Ctrl-C 或 ExitMsg 时清理退出
     except RuntimeError as e:
         # 另一个 rank 不在了（它的节点退出、被 kill），本 rank 死在下一次集合通信里：gloo 报 "Connection reset by
-        # peer" 或 "closed by peer"。原因由启动器说（"node 1 went away"），这里一行就够，不打几十行的 traceback
-        if args.tp_info.size == 1 or "by peer" not in str(e):
+        # peer" 或 "closed by peer"；它卡住了（机器挂起），等满 gloo 的 60 秒报 "Timed out"。原因由启动器说
+        # （"node 1 went away"），这里一行就够，不打几十行的 traceback
+        gone, stuck = "by peer" in str(e), "Timed out" in str(e)
+        if args.tp_info.size == 1 or not (gone or stuck):
             raise
-        logger.error(f"TP{args.tp_info.rank}: another rank went away during a collective: exiting")
+        what = "went away" if gone else "did not answer within gloo's timeout"
+        logger.error(f"TP{args.tp_info.rank}: another rank {what} during a collective: exiting")
         sys.exit(1)
 
 

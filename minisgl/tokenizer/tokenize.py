@@ -45,7 +45,7 @@ class TokenizeManager:
     def tokenize(self, msg: TokenizeMsg) -> UserMsg:
         ids = self.encode(msg.text, msg.chat_options)
         if not ids:
-            raise ValueError(f"request {msg.uid}: the prompt is empty after tokenization")
+            raise ValueError("the prompt is empty after tokenization")  # 回给这个请求的客户端：不提内部的 uid
         n, limit, max_tokens = len(ids), self.max_seq_len, msg.sampling_params.max_tokens
         if limit is not None and n >= limit:
             raise ValueError(f"the prompt has {n} tokens; this server's context is {limit} tokens "
