@@ -117,8 +117,9 @@ def test_default_model_folder(smollm2):
 def test_resolve_model_path_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         resolve_model_path(str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="not a model folder"):
-        resolve_model_path("no-such-model")
+    for missing in ("no-such-model", "/no-such-folder", "./no-such-folder", "~/no-such-folder"):
+        with pytest.raises(FileNotFoundError, match="not a model folder"):
+            resolve_model_path(missing)
 
 
 def test_tiny_models_load_in_transformers(tiny_qwen3, tiny_llama):

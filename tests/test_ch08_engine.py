@@ -383,6 +383,17 @@ def test_config_errors_name_the_flag(tiny_qwen3) -> None:
         EngineConfig(tiny_qwen3, memory_ratio=1.5)
     with pytest.raises(ValueError, match="--num-threads 0"):
         EngineConfig(tiny_qwen3, num_threads=0)
+    with pytest.raises(ValueError, match="--moe-backend 'bogus'"):  # 稠密模型不建它：在这里查
+        EngineConfig(tiny_qwen3, moe_backend="bogus")
+    # 不经过 argparse 直接填字段（离线的 LLM(**config)）：类型不对时说字段名，在加载模型之前
+    for field_value, message in [(dict(page_size="4"), "page_size='4' must be an integer or None"),
+                                 (dict(max_running_req=2.5), "max_running_req=2.5 must be an integer$"),
+                                 (dict(cuda_graph_max_bs=None), "cuda_graph_max_bs=None must be an integer$"),
+                                 (dict(random_seed="x"), "random_seed='x' must be an integer or None"),
+                                 (dict(num_pages=True), "num_pages=True must be an integer or None"),
+                                 (dict(memory_ratio="0.5"), "memory_ratio='0.5' must be a number")]:
+        with pytest.raises(TypeError, match=message):
+            EngineConfig(tiny_qwen3, **field_value)
     with pytest.raises(ValueError, match="--num-pages 2 holds 2 pages"):
         Engine(EngineConfig(tiny_qwen3, device="cpu", num_pages=2, page_size=16, max_seq_len_override=4096))
     with pytest.raises(ValueError, match=r"--num-pages 1000000000000 needs .* GiB, more than this machine's"):

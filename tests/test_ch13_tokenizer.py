@@ -6,6 +6,7 @@ import contextlib
 import multiprocessing as mp
 import random
 import tempfile
+import threading
 from typing import Any, Dict, List
 
 import pytest
@@ -533,6 +534,35 @@ def test_offline_n_answers(tiny_qwen3) -> None:
                 llm.chat(bad)
         with pytest.raises(TypeError, match="chat_template_kwargs must be a dict"):
             llm.chat([{"role": "user", "content": "hi"}], chat_template_kwargs=["x"])
+        check_idle(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_offline_threads_take_turns(tiny_qwen3) -> None:
+    """两个线程同时 generate（同一个 LLM），三轮：轮流来，每个线程拿到和单独调用一样的 token；之后槽、页和收结果的
+    字典都回来。没有锁时两个循环抢着推同一个调度器，报 forward_batch is not re-entrant 或 KeyError，之后每次都失败。"""
+    llm = LLM(tiny_qwen3, device="cpu", page_size=4, num_pages=1024, max_running_req=8, max_seq_len_override=256)
+    try:
+        prompts = [["一二三", "Hello there"], ["The capital of France is", "数到十"]]
+        llm.generate(prompts[0] + prompts[1], SamplingParams(max_tokens=1), use_tqdm=False)  # 先进缓存
+        sp = SamplingParams(max_tokens=16, ignore_eos=True)
+        want = {i: [o["token_ids"] for o in llm.generate(p, sp, use_tqdm=False)] for i, p in enumerate(prompts)}
+        for _ in range(3):
+            got: Dict[int, Any] = {}
+
+            def run(i: int) -> None:
+                try:
+                    got[i] = [o["token_ids"] for o in llm.generate(prompts[i], sp, use_tqdm=False)]
+                except Exception as e:  # 线程里的异常不会自己传出来
+                    got[i] = repr(e)
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            assert got == want
         check_idle(llm)
     finally:
         llm.shutdown()

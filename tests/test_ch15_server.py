@@ -808,6 +808,7 @@ def test_bad_flags_and_worker_failing_to_start(tmp_path: Path, tiny_qwen3: Path)
                            (["--dist-timeout", "nan"], "--dist-timeout nan is invalid: it must be a finite number > 0"),
                            (["--num-tokenizer", "100000"], "--num-tokenizer 100000 is invalid: it must be in 0..64"),
                            (["--num-threads", "100000"], "--num-threads 100000 is invalid: it must be in 1..1024"),
+                           (["--api-key", ""], "--api-key is invalid: it must not be empty"),  # "$KEY" 没设
                            (["--model", str(no_weights)], "has no *.safetensors weights (--dummy-weight starts with"),
                            (["--model", str(bad_config)], "config.json")]:  # 工作进程起来之前就是一行错误
         p = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3), *flags], capture_output=True,

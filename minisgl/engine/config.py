@@ -5,9 +5,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minisgl.distributed import DistributedInfo
+from minisgl.moe import MOE_BACKENDS
 from minisgl.utils import pick_device
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+# 整数字段 → 能不能是 None。离线的 LLM(**config) 直接填这些字段，不经过 argparse：先看类型，再看范围
+_INTEGERS = {"page_size": True, "num_pages": True, "cpu_kv_memory_mb": False, "max_running_req": False,
+             "max_seq_len_override": True, "cuda_graph_max_bs": False, "random_seed": True, "num_threads": True}
 
 
 @dataclass(frozen=True)
@@ -35,9 +39,17 @@ class EngineConfig:
     cpu_onednn: bool = True  # CPU、float32：线性层和 LM head 的权重换成 oneDNN 预先排好的格式（False：F.linear，作对照）
 
     def __post_init__(self) -> None:
+        for name, optional in _INTEGERS.items():  # bool 也是 int 的子类：page_size=True 不算整数
+            value = getattr(self, name)
+            if not ((optional and value is None) or (isinstance(value, int) and not isinstance(value, bool))):
+                raise TypeError(f"{name}={value!r} must be an integer" + (" or None" if optional else ""))
+        if isinstance(self.memory_ratio, bool) or not isinstance(self.memory_ratio, (int, float)):
+            raise TypeError(f"memory_ratio={self.memory_ratio!r} must be a number")
         if self.page_size is None:  # 按设备定下来：之后读 config.page_size 的地方拿到的总是整数
             object.__setattr__(self, "page_size", 16 if pick_device(self.device).type == "cuda" else 1)
+        moe = ("auto", *MOE_BACKENDS.names())
         checks = [("--dtype", self.dtype, self.dtype in _DTYPES, f"one of {_DTYPES}"),
+                  ("--moe-backend", self.moe_backend, self.moe_backend in moe, f"one of {moe}"),  # 只有 MoE 模型才建它
                   ("--page-size", self.page_size, self.page_size >= 1, ">= 1"),
                   ("--num-pages", self.num_pages, self.num_pages is None or self.num_pages >= 1, ">= 1"),
                   ("--memory-ratio", self.memory_ratio, 0 < self.memory_ratio <= 1, "in (0, 1]"),

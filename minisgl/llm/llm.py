@@ -56,6 +56,7 @@ class LLM(Scheduler):
         self._texts: Dict[int, List[str]] = {}  # 带 stop 字符串的请求：detokenizer 一段段给出的文字
         self._hit: List[int] = []  # 命中了 stop 字符串、调度器还在生成的请求：在两步之间中止
         self._next_uid = 0
+        self._lock = threading.Lock()  # generate 一次跑一批：几个线程同时调用时轮流来
 
     def __enter__(self) -> "LLM":  # with LLM(...) as llm: 离开时 shutdown
         return self
@@ -114,6 +115,12 @@ class LLM(Scheduler):
         if not (isinstance(stops, (list, tuple)) and all(isinstance(s, str) for s in stops)):
             raise TypeError(f"stop must be a string or a list of strings; got {stop!r:.60}")
         encoded = [self._prompt_ids(p, sp) for p, sp in zip(prompts, params)]  # 先全部检查：有一个不合格，就一个也不交
+        with self._lock:
+            return self._run(encoded, params, n, stops, use_tqdm)
+
+    def _run(self, encoded: List[List[int]], params: Sequence[SamplingParams], n: int, stops: Sequence[str],
+             use_tqdm: bool) -> List[Dict[str, Any]]:
+        """generate 检查过的请求：交给调度器，一步一步跑到这些请求全部结束，按顺序收结果。"""
         requests = [(ids, nth_sample(sp, j)) for ids, sp in zip(encoded, params) for j in range(n)]
         uids = list(range(self._next_uid, self._next_uid + len(requests)))
         self._next_uid += len(requests)

@@ -226,7 +226,7 @@ class FrontendManager:
         for uid in uids:
             self._forget(uid)
         if uids and self.dead is None:
-            logger.warning(f"Aborting request{'s' if len(uids) > 1 else ''} {', '.join(map(str, uids))}")
+            logger.info(f"Aborting request{'s' if len(uids) > 1 else ''} {', '.join(map(str, uids))}")  # 常事：客户端走了
             for uid in uids:
                 await self.send_one(AbortMsg(uid=uid))
 

@@ -161,6 +161,10 @@ def parse_args(argv: List[str], run_shell: bool = False) -> ServerArgs:
     try:
         if ns.tp < 1:
             raise ValueError(f"--tp {ns.tp} is invalid: it must be >= 1")
+        # --api-key "$KEY"，KEY 没设：空的密钥等于不要密钥，服务悄悄对谁都开着；首尾的空白永远对不上（客户端送来的
+        # 会被去掉）
+        if ns.api_key is not None and (not ns.api_key.strip() or ns.api_key != ns.api_key.strip()):
+            raise ValueError("--api-key is invalid: it must not be empty or start or end with whitespace")
         host, port = _dist_addr(ns.dist_init_addr) if ns.dist_init_addr is not None else ("", 0)
         if ns.num_threads is not None and not 1 <= ns.num_threads <= MAX_THREADS:
             raise ValueError(f"--num-threads {ns.num_threads} is invalid: it must be in 1..{MAX_THREADS}")

@@ -324,6 +324,7 @@ def launch_server(argv: List[str] | None = None, run_shell: bool = False) -> int
         if args.shell:
             from minisgl.shell import run_shell as shell
 
+            logging.disable(logging.INFO)  # 对话里不夹日志（Ctrl-C 停下回答时的 "Aborting request"）；警告照常
             asyncio.run(shell(state))
             return 0
         assert sock is not None

@@ -75,7 +75,8 @@ def resolve_model_path(model: str | None) -> Path:
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"--model {model}: the folder has no config.json")
         return path
-    if path.exists() or model.count("/") != 1:
+    # 仓库名是 owner/name：/data、./m、~/m 这种写法是本地路径（只是不存在），不要拿去问 hub
+    if path.exists() or model.count("/") != 1 or model.startswith(("/", ".", "~")):
         raise FileNotFoundError(f"--model {model}: not a model folder and not a hub id like Qwen/Qwen3-0.6B")
     from huggingface_hub import snapshot_download
 
