@@ -1527,6 +1527,18 @@ def test_server_responses_tool_calls(server, tiny_qwen3) -> None:
         time.sleep(0.05)
 
 
+Case = Tuple[Dict[str, Any], str, str]  # (请求体里多出的字段, 错误的 param, 错误消息里的一段)
+
+def assert_400s(port: int, ask: List[Dict[str, Any]], chat: List[Case], responses: List[Case]) -> None:
+    """对话接口（messages=ask）和 Responses（input=ask）各发一遍这些请求：每个都是 400，param 和消息都对。"""
+    for path, cases in [("/v1/chat/completions", [({"messages": ask, **b}, p, m) for b, p, m in chat]),
+                        ("/v1/responses", [({"input": ask, **b}, p, m) for b, p, m in responses])]:
+        for body, param, message in cases:
+            r = httpx.post(f"http://127.0.0.1:{port}{path}", json={"max_tokens" if "chat" in path else
+                                                                   "max_output_tokens": 4, **body}, timeout=60)
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["param"] == param and message in error["message"], (body, error)
+
 def test_json_the_server_cannot_use_is_400(server) -> None:
     """服务用不了的 JSON：套了几百层的工具参数 schema 和 chat_template_kwargs、调用参数里上千层的数组、几千位的整数、
     NaN，不是对象的函数参数，带了 json_schema 的 json_object。都是指明参数的 400（不是 5xx），服务照常回答；模型自己写出
@@ -1555,13 +1567,7 @@ def test_json_the_server_cannot_use_is_400(server) -> None:
                   "JSON Schema of an object")]
     responses += [({"input": ask + [{"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": args}]},
                    "input", "JSON object") for args in weird]
-    for path, cases in [("/v1/chat/completions", [({"messages": ask, **b}, p, m) for b, p, m in chat]),
-                        ("/v1/responses", [({"input": ask, **b}, p, m) for b, p, m in responses])]:
-        for body, param, message in cases:
-            r = httpx.post(f"http://127.0.0.1:{port}{path}", json={"max_tokens" if "chat" in path else
-                                                                   "max_output_tokens": 4, **body}, timeout=60)
-            error = r.json()["error"]
-            assert r.status_code == 400 and error["param"] == param and message in error["message"], (path, error)
+    assert_400s(port, ask, chat, responses)
     assert client(port).chat.completions.create(model="m", messages=ask, max_tokens=2).choices[0].finish_reason
     said = '<tool_call>\n{"name": "get_time", "arguments": {"a": ' + "[" * 1500 + "]" * 1500 + "}}\n</tool_call>"
     thought, content, calls = _split(_splitter(None, ToolCalls(TOOLS), 1), said, True)
@@ -1582,13 +1588,7 @@ def test_what_the_server_sets_is_400(server) -> None:
                   "'chat_template' is an argument of apply_chat_template"),
                  ({"input": []}, "input", "input is empty"),
                  ({"tools": [{"type": "web_search"}]}, "tools", "type 'web_search' is not supported")]
-    for path, cases in [("/v1/chat/completions", [({"messages": ask, **b}, p, m) for b, p, m in chat]),
-                        ("/v1/responses", [({"input": ask, **b}, p, m) for b, p, m in responses])]:
-        for body, param, message in cases:
-            r = httpx.post(f"http://127.0.0.1:{port}{path}", json={"max_tokens" if "chat" in path else
-                                                                   "max_output_tokens": 4, **body}, timeout=60)
-            error = r.json()["error"]
-            assert r.status_code == 400 and error["param"] == param and message in error["message"], (body, error)
+    assert_400s(port, ask, chat, responses)
     answer = client(port).chat.completions.create(model="m", messages=ask, max_tokens=2,
                                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert answer.choices[0].finish_reason == "length"

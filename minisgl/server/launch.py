@@ -414,6 +414,7 @@ def accept_nodes(args: ServerArgs) -> List[NodeLink]:
         raise WorkerError(f"{flag}: node 0 cannot listen there ({e.strerror}); on node 0 it must be one of this "
                           f"machine's addresses, with ports {port}..{port + 2} free") from None
     links: Dict[int, NodeLink] = {}
+    mine = _must_agree(args)  # 读一次 config.json：每个报到的节点都和它比
     deadline = time.monotonic() + args.dist_timeout
     try:
         while len(links) < args.nnodes - 1:
@@ -427,12 +428,11 @@ def accept_nodes(args: ServerArgs) -> List[NodeLink]:
             link, rank, theirs = _hello(sock, timeout=max(deadline - time.monotonic(), 1.0))
             if link is None:
                 continue  # 不是我们的节点（端口扫描、连上又断了）：不理它
-            mine = _must_agree(args)
-            diff = [k for k in mine if mine[k] != theirs.get(k)]
             if rank in links:  # 同一个 --node-rank 起了两次：先到的留下，后到的被告知原因，节点 0 接着等别的节点
                 link.send(f"error node {rank} has already joined: is it started twice?")
                 link.close()
                 continue
+            diff = [k for k in mine if mine[k] != theirs.get(k)]
             if diff:
                 error = (f"node {rank} was started with {diff[0]} {theirs.get(diff[0])}, node 0 with "
                          f"{diff[0]} {mine[diff[0]]}: every node needs the same settings")
