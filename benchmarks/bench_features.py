@@ -27,7 +27,7 @@ from typing import Dict, List
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisgl from this tree
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's minisgl (resolve(): a chapter tree links benchmarks/ here)
 
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
@@ -429,6 +429,8 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     RUN["overlap"] = None if args.overlap is None else args.overlap == "on"
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("error: --gpu needs a CUDA GPU, and torch sees none on this machine")
     if args.gpu:
         import shutil
         sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -19,7 +19,7 @@ from pathlib import Path
 import flashinfer
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisgl from this tree
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's minisgl (resolve(): a chapter tree links benchmarks/ here)
 from minisgl.kernel import split_kv_decode, split_kv_splits  # noqa: E402
 
 HQ, HKV = (int(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (16, 8)

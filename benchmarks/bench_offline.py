@@ -356,6 +356,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1:
         raise SystemExit(f"error: --rounds {args.rounds} is invalid: it must be >= 1")
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("error: --gpu needs a CUDA GPU, and torch sees none on this machine")
     if args.threads or not args.gpu:
         from minisgl.utils import set_num_threads
         set_num_threads(args.threads)  # None: the engine's own default, so transformers gets as many threads

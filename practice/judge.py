@@ -222,8 +222,11 @@ def run_exercise(ex: Exercise, target: Path) -> Outcome:
                                   encoding="utf-8", errors="replace", timeout=ex.timeout)
         except subprocess.TimeoutExpired as exc:
             out = (exc.stdout or "") if isinstance(exc.stdout, str) else ""
-            return Outcome(ex, target, 124, time.monotonic() - t0,
-                           note=f"超时：{ex.timeout} 秒内没有跑完（死循环？）", output=out)
+            tests = _read_report(report)  # 超时前跑完的测试照常计分
+            hung = [TestResult(name, "failed", f"超时：{ex.timeout} 秒内没有跑完") for name in _unfinished(report)]
+            where = f"，卡在 {hung[0].name}" if hung else ""
+            return Outcome(ex, target, 124, time.monotonic() - t0, tests + hung,
+                           note=f"超时：{ex.timeout} 秒内没有跑完（死循环？）{where}", output=out)
         # 报告里的临时路径换回被测文件的真实路径
         shown = (str(tmpd / f"{ex.module}.py"), _rel(target))
         output = (proc.stdout + proc.stderr).replace(*shown)
@@ -265,7 +268,17 @@ def _read_report(path: Path) -> List[TestResult]:
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [TestResult(r["name"], r["outcome"], _first_line(r["reason"]) or _error_line(r["text"])) for r in rows]
+    return [TestResult(r["name"], r["outcome"], _first_line(r["reason"]) or _error_line(r["text"])) for r in rows
+            if r["outcome"] != "started"]
+
+
+def _unfinished(path: Path) -> List[str]:
+    """开始了、没有结果的测试（超时时是卡住的那个）。"""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    done = {r["name"] for r in rows if r["outcome"] != "started"}
+    return [r["name"] for r in rows if r["outcome"] == "started" and r["name"] not in done]
 
 
 def run_many(jobs: List[Tuple[Exercise, Path]]) -> List[Outcome]:
@@ -296,7 +309,7 @@ def print_table(outcomes: List[Outcome], verbose: bool = False) -> None:
     rows = [("练习", "通过", "结果", "秒")]
     for o in outcomes:
         result = "通过" if o.ok else ("超时" if o.rc == 124 else "失败")
-        rows.append((o.exercise.name, f"{o.passed}/{o.total}", result, f"{o.seconds:.1f}"))
+        rows.append((o.exercise.name, f"{o.passed}/{o.total}" if o.total else "-", result, f"{o.seconds:.1f}"))
     widths = [max(_width(r[i]) for r in rows) for i in range(4)]
     for i, r in enumerate(rows):
         line = "  ".join(_pad(c, widths[j]) for j, c in enumerate(r)).rstrip()

@@ -1,4 +1,5 @@
-"""judge.py 给每次 pytest 加载的插件：用 pytest 自己的报告钩子，每个测试（和收集失败）写一行 JSON 到 $JUDGE_REPORT。"""
+"""judge.py 给每次 pytest 加载的插件：用 pytest 自己的报告钩子，每个测试（和收集失败）写一行 JSON 到 $JUDGE_REPORT；
+每个测试开始时也写一行（outcome 是 started）。"""
 import json
 import os
 
@@ -15,6 +16,10 @@ def _reason(report) -> str:
     if isinstance(report.longrepr, tuple):  # 跳过：(文件, 行号, 原因)
         return str(report.longrepr[2])
     return ""
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:  # 开始跑一个测试：超时时 judge.py 由此知道卡在哪个
+    _write(nodeid.split("::")[-1], "started", "", "")
 
 
 def pytest_collectreport(report) -> None:

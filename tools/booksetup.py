@@ -13,6 +13,10 @@ relative imports), so running it in the kernel would fail or shadow the real pac
 compiled (a syntax check) and not executed; the tree already holds them, and the demo cells import it.
 A listing that differs from the saved notebooks (the reader edited it), or that the tree does not hold yet,
 prints how to get the change in. `examples/...` cells are whole scripts and run as they are.
+
+A cell tagged `gpu` in this chapter's saved notebook (the kernel sees a cell's code, not its tags: the guard
+compares the code with the saved gpu cells) prints one line and is not run when torch sees no CUDA GPU, so that
+"Run All" on a laptop goes on to the cells after it instead of stopping at its error.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ _EDITED = ("print('这个源码单元格和 book/chapters/ 里保存的版本不
 _STALE = ("print('本章的树里 {tree}/{file} 还不是这段代码：重启内核、从头运行'\n"
           "      '（第一个单元格按保存的笔记本重建这棵树）。')\n")
 _QUIET = "pass  # 源码单元格：它已经在本章的树 {tree} 里（由保存的笔记本生成），这里不执行\n"
+_NO_GPU = "print('跳过：这一格要 CUDA GPU，这台机器上没有；它在 GPU 上跑出的输出印在书里。后面的单元格照常运行。')\n"
 
 _STATE: dict = {}  # chapter: 本章编号；tree: 本章的树
 
@@ -38,11 +43,28 @@ def _tree_label() -> str:
 
 
 def _listing_guard(lines: list[str]) -> list[str]:
+    if "".join(lines).strip() in _STATE.get("gpu_cells", ()) and not _has_cuda():
+        return [_NO_GPU]
     if lines and lines[0].startswith("#| file:") and not lines[0].split(":", 1)[1].strip().startswith("examples/"):
         src = "".join(lines)
         compile(src, "<listing>", "exec")  # 语法错误照样报出来
         return [(_hint(src) or _QUIET).format(tree=_tree_label(), file="{file}")]
     return lines
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _gpu_cells(chapter: int) -> set:
+    """第 chapter 章保存的笔记本里带 gpu 标签的代码单元格的源码（去掉首尾空白）。"""
+    import json
+
+    cells = json.loads(_steps().chapter_path(chapter).read_text(encoding="utf-8"))["cells"]
+    return {"".join(c["source"]).strip() for c in cells
+            if c["cell_type"] == "code" and "gpu" in c.get("metadata", {}).get("tags", [])}
 
 
 def _steps():
@@ -91,7 +113,7 @@ def setup(chapter: int) -> None:
     warnings.filterwarnings("ignore", message="IProgress not found")
     steps = _steps()
     tree, _, _ = steps.materialise(chapter)
-    _STATE.update(chapter=chapter, tree=tree)
+    _STATE.update(chapter=chapter, tree=tree, gpu_cells=_gpu_cells(chapter))
     _STATE.pop("key", None)
     loaded = sys.modules.get("minisgl")
     if loaded is not None and not Path(loaded.__file__ or "").resolve().is_relative_to(tree.resolve()):
