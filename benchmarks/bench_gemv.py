@@ -75,8 +75,10 @@ def shapes(config_path: Path) -> list:
     c = json.loads(config_path.read_text())
     E, I, D = c["hidden_size"], c["intermediate_size"], c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
     H, Hkv, V = c["num_attention_heads"], c["num_key_value_heads"], c["vocab_size"]
-    return [("qkv_proj", (H + 2 * Hkv) * D, E), ("o_proj", E, H * D), ("gate_up_proj", 2 * I, E),
-            ("down_proj", E, I), ("lm_head", V, E)], c["num_hidden_layers"]
+    attn = [("qkv_proj", (H + 2 * Hkv) * D, E), ("o_proj", E, H * D)]
+    if c.get("num_experts"):  # MoE: the router is the third GEMV of a layer (the experts are chapter 4's kernels)
+        return attn + [("router", c["num_experts"], E), ("lm_head", V, E)], c["num_hidden_layers"]
+    return attn + [("gate_up_proj", 2 * I, E), ("down_proj", E, I), ("lm_head", V, E)], c["num_hidden_layers"]
 
 
 def smoke() -> None:
