@@ -141,6 +141,22 @@ def test_engine_uses_onednn_on_cpu_and_the_tokens_stay(tiny_qwen3) -> None:
 
 
 @needs_onednn
+def test_onednn_caches_are_capped_unless_the_user_set_them(monkeypatch) -> None:
+    """换成 oneDNN 之前，引擎把它的两个 kernel 缓存限到 ONEDNN_CACHE_CAPACITY 项（每个新的行数一项，默认的 1024
+    项让长跑的服务内存一直涨）；用户自己设的值不动。"""
+    import os
+
+    from minisgl.engine.engine import ONEDNN_CACHE_CAPACITY, _use_onednn
+    from minisgl.layers import BaseOP
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "32")
+    assert _use_onednn(BaseOP())
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "32"
+
+
+@needs_onednn
 def test_engine_keeps_f_linear_when_onednn_fails(tiny_qwen3, monkeypatch) -> None:
     import minisgl.engine.engine as engine_module
 

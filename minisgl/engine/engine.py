@@ -219,10 +219,19 @@ def _onednn_works() -> bool:
         return False
 
 
+ONEDNN_CACHE_CAPACITY = 64  # 用户没设时，oneDNN 的两个 kernel 缓存各存这么多项（见 _use_onednn）
+
+
 def _use_onednn(model: BaseOP) -> bool:
     """每个做矩阵乘的算子（有 use_onednn 方法的：线性层、LM head）把权重换成 oneDNN 预先排好的格式。
     这个 torch 没有带 oneDNN、或者小矩阵上试算不过时什么都不换，返回 False，矩阵乘照旧走 F.linear。"""
-    if not torch.backends.mkldnn.is_available() or not _onednn_works():
+    if not torch.backends.mkldnn.is_available():
+        return False
+    # oneDNN 为每个（权重形状, 行数）建一个 kernel 缓存起来，两个缓存默认各 1024 项。服务里每个新的提示词长度、批大小
+    # 都是新的行数，缓存满了以后不停地换进换出，调度器的内存跟着一直涨。第一次用 oneDNN 之前把它们限小（用户设了就听用户的）
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(ONEDNN_CACHE_CAPACITY))
+    if not _onednn_works():
         return False
     ops = [model]
     while ops:
