@@ -301,6 +301,20 @@ def test_schemas_without_such_keywords_pass(vocab: Vocab, schema: dict) -> None:
     check_grammar("json_schema", spec)
     jsonschema.validate(json.loads(generate(vocab, vocab.backend.grammar("json_schema", spec), 0, 4.0)), schema)
 
+def test_json_output_never_holds_raw_control_characters(vocab: Vocab) -> None:
+    """紧凑的 JSON 里控制字符只可能在字符串里，而 JSON 不许字符串里直接写它们。xgrammar 编限了长度的字符串时放行
+    它们（它自己修好时第一个断言失败，那时删掉 json_compiler）；json_schema 的语法在字符串里一个这样的 token 也不放行。"""
+    control = torch.tensor([any(c < 0x20 for c in p) for p in vocab.pieces] + [False] * (vocab.size - len(vocab.pieces)))
+    (quote,) = vocab.tokenizer.encode('"', add_special_tokens=False)
+    plain = xgr.GrammarCompiler(vocab.backend.info, max_threads=1)
+    for schema in ({"type": "string", "maxLength": 8}, {"type": "string"}):
+        spec = json.dumps(schema)
+        theirs, ours = Grammar(plain.compile_json_schema(spec, any_whitespace=False)), vocab.backend.grammar("json_schema", spec)
+        assert theirs.accept(quote) and ours.accept(quote)  # 进了字符串
+        assert bool(theirs.allowed()[control].any()) == ("maxLength" in schema), "xgrammar keeps them out by itself now"
+        assert not ours.allowed()[control].any() and ours.allowed()[~control].any()
+
+
 def test_is_dead_after_a_branch_that_cannot_finish(vocab: Vocab) -> None:
     """x|ab[^\\s\\S]：能开头（check_grammar 放行），写完 ab 之后一个 token 也不放行——is_dead；走完的语法不算。"""
     check_grammar("regex", "x|ab[^\\s\\S]")

@@ -112,10 +112,28 @@ class GrammarBackend:
         self.hits = self.misses = 0
         # 会思考的模型的两个标记（本附录最后一节）：词表里各是一个 token 时才能让语法等思考写完再管
         self.think = (ids[THINK_START], ids[THINK_END]) if THINK_START in ids and THINK_END in ids else None
+        self._pieces = vocab  # 每个 token 的原文（特殊 token 已是空串）：json_compiler 在它上面再去掉一些
+        self._json_compiler: xgrammar.GrammarCompiler | None = None
+        self._json_lock = threading.Lock()
 
     @property
     def stop_token_ids(self) -> List[int]:
         return list(self.info.stop_token_ids)
+
+    @property
+    def json_compiler(self) -> xgrammar.GrammarCompiler:
+        """json_schema 用的编译器：解码出来含控制字符（\\0–\\x1f）的 token 换成空串，一个也不放行。第一次用时才建。"""
+        with self._json_lock:
+            if self._json_compiler is None:
+                import xgrammar as xgr
+
+                pieces, stop = list(self._pieces), set(self.info.stop_token_ids)
+                for i, text in enumerate(self.info.decoded_vocab):
+                    if i not in stop and any(c < 0x20 for c in text):
+                        pieces[i] = ""
+                info = xgr.TokenizerInfo.from_vocab_and_metadata(pieces, self.info.dump_metadata())
+                self._json_compiler = xgr.GrammarCompiler(info, max_threads=self.batch_threads, cache_enabled=False)
+            return self._json_compiler
 
     def cached(self, kind: str, spec: str) -> xgrammar.CompiledGrammar | None:
         """缓存里有就拿（算一次命中）；没有返回 None，不编译。"""
@@ -135,7 +153,7 @@ class GrammarBackend:
             return compiled
         with self._lock:
             self.misses += 1
-        compiled = _compile_with(self.compiler, kind, spec)
+        compiled = _compile_with(self.json_compiler if kind == "json_schema" else self.compiler, kind, spec)
         with self._lock:
             self._cache[(kind, spec)] = compiled
             if len(self._cache) > self.cache_size:
