@@ -21,13 +21,16 @@ tile from one iteration to the next in registers (spilled), which makes every GE
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernel.matmul import _blocks
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_moe import copy_bandwidth, cuda_time  # noqa: E402  (this folder: the same timing as the MoE benchmark)
+from minisgl.kernel.matmul import _blocks  # noqa: E402
 
 
 @triton.jit
@@ -58,29 +61,6 @@ def gemv(x, w, y, K, x_stride, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
     tl.store(y + m[:, None] * 0 + n[None, :], acc.to(y.dtype.element_ty), mask=m[:, None] < 1)
-
-
-def copy_bandwidth() -> float:
-    a = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    t = cuda_ms(lambda: b.copy_(a), 20)
-    return 2 * a.numel() / (t / 1000)
-
-
-def cuda_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def chain(shapes, layers: int):
@@ -150,14 +130,13 @@ def main() -> None:
                 graph.replay()
                 torch.cuda.synchronize()
                 ok_graph = torch.equal(got, ref)
-                us = cuda_ms(graph.replay, 20) * 1000
-                eager = cuda_ms(lambda: run_chain(ws, bufs, gdc, pre), 10) * 1000
+                us = cuda_time(graph.replay, 20) * 1000
+                eager = cuda_time(lambda: run_chain(ws, bufs, gdc, pre), 10) * 1000
                 print(f"  {vname:<28} graph {us:8.0f} us ({us / floor_us:4.2f}x floor, "
                       f"{us / (len(shapes) * layers):5.2f} us per GEMV)  eager {eager:8.0f} us  "
                       f"same output: eager {ok}, graph {ok_graph}")
             except Exception as e:  # noqa: BLE001 -- report and go on with the next variant
                 print(f"  {vname:<28} FAILED: {type(e).__name__}: {str(e)[:300]}")
-        del ws, bufs
         torch.cuda.empty_cache()
 
 

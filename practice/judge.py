@@ -265,18 +265,19 @@ def _syntax_error(target: Path) -> str:
 
 def _read_report(path: Path) -> List[TestResult]:
     """judge_report.py（pytest 插件）每个测试写一行 JSON：名字、结果、原因。"""
+    return [TestResult(r["name"], r["outcome"], _first_line(r["reason"]) or _error_line(r["text"]))
+            for r in _report_rows(path) if r["outcome"] != "started"]
+
+
+def _report_rows(path: Path) -> List[dict]:
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [TestResult(r["name"], r["outcome"], _first_line(r["reason"]) or _error_line(r["text"])) for r in rows
-            if r["outcome"] != "started"]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _unfinished(path: Path) -> List[str]:
     """开始了、没有结果的测试（超时时是卡住的那个）。"""
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = _report_rows(path)
     done = {r["name"] for r in rows if r["outcome"] != "started"}
     return [r["name"] for r in rows if r["outcome"] == "started" and r["name"] not in done]
 
