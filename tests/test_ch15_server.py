@@ -733,9 +733,9 @@ def start_pair(model: Path, tmp_path: Path) -> Tuple[subprocess.Popen, subproces
     return node0, node1, port
 
 def test_node_1_gone_mid_answer(tiny_qwen3: Path, tmp_path: Path) -> None:
-    """节点 1 在回答的半路被 kill -9：流以一个说出 "node 1 went away" 的 error 事件结束，节点 0 以 1 退出，日志里
-    没有 traceback。节点 0 的 TP0 通常死在下一次集合通信里（gloo：connection reset by peer），只记一行；机器很忙时
-    它可能还没走到那一步，启动器已经在 1 秒后把它停下了——两种先后都对。TP0 记了错误时，只能是那一行。"""
+    """节点 1 在回答的半路被 kill -9：流以一个说出 "node 1 went away" 的 error 事件结束，节点 0 以 1 退出。节点 0
+    的 TP0 死在下一次集合通信里（gloo：connection reset by peer），只记一行，日志里没有 traceback——启动器等它
+    自己退出（至多 NODE_GONE_GRACE 秒）才收拾，机器再忙也是这个先后。"""
     node0, node1, port = start_pair(tiny_qwen3, tmp_path)
     try:
         frames: List[Dict[str, Any]] = []
@@ -749,9 +749,7 @@ def test_node_1_gone_mid_answer(tiny_qwen3: Path, tmp_path: Path) -> None:
         assert "node 1 went away" in frames[-1]["error"]["message"] and len(frames) < 240, frames[-3:]
         assert node0.wait(timeout=60) == 1
         out = (tmp_path / "node0.log").read_text()
-        assert "Traceback" not in out and "went away: failing all requests" in out, out[-3000:]
-        assert out.count("TP0:") <= 1 and all("another rank went away during a collective" in line
-                                              for line in out.splitlines() if "TP0:" in line), out[-3000:]
+        assert "TP0: another rank went away during a collective" in out and "Traceback" not in out, out[-3000:]
     finally:
         stop_server(node0)
         stop_server(node1)

@@ -34,6 +34,7 @@ from .args import ServerArgs, model_limits, parse_args
 logger = init_logger(__name__)
 
 STARTUP_TIMEOUT = 600.0  # 秒：加载大模型、录 CUDA Graph 都算在里面
+NODE_GONE_GRACE = 10.0  # 秒：另一个节点走了、本节点还有请求在算时，等本节点的调度器自己退出的上限
 
 
 class ServingScheduler(Scheduler):
@@ -209,8 +210,14 @@ async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
             reason = dead[0]
             died.append(reason)  # 先记下：接下来的 1 秒里来一个 Ctrl-C，退出码也还是 1
             logger.error(f"{reason}: failing all requests and shutting down")
+            busy = bool(state.event_map)  # 有请求在等：本节点的调度器正在算，下一次集合通信就会发现
             state.fail_all(reason)
             await asyncio.sleep(1.0)  # 让等着的请求先把 503 发出去
+            if busy and reason.startswith("node "):  # 让调度器自己死在集合通信里、记下那一行，再去结束它们
+                deadline = time.monotonic() + NODE_GONE_GRACE
+                while any(p.exitcode is None for p in procs if p.name.endswith("-scheduler")) \
+                        and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
             server.should_exit = True
             return
 
