@@ -204,7 +204,8 @@ async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
     while True:
         await asyncio.sleep(0.5)
         # 节点先看：一个节点走了，本节点的调度器 rank 随后死在集合通信里（gloo 报 connection reset）——原因是前者
-        dead = [f"node {link.node_rank} went away" for link in links if link.recv(timeout=0) is None]
+        gone = [link.node_rank for link in links if link.recv(timeout=0) is None]
+        dead = [f"node {rank} went away" for rank in gone]
         dead += [f"{p.name} exited with code {p.exitcode}" for p in procs if p.exitcode is not None]
         if dead:
             reason = dead[0]
@@ -213,7 +214,7 @@ async def _watch(args: ServerArgs, state: FrontendManager, procs: List[Any], lin
             busy = bool(state.event_map)  # 有请求在等：本节点的调度器正在算，下一次集合通信就会发现
             state.fail_all(reason)
             await asyncio.sleep(1.0)  # 让等着的请求先把 503 发出去
-            if busy and reason.startswith("node "):  # 让调度器自己死在集合通信里、记下那一行，再去结束它们
+            if busy and gone:  # 原因是走了的节点：让调度器自己死在集合通信里、记下那一行，再去结束它们
                 deadline = time.monotonic() + NODE_GONE_GRACE
                 while any(p.exitcode is None for p in procs if p.name.endswith("-scheduler")) \
                         and time.monotonic() < deadline:
