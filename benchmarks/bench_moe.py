@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MoE on a GPU: Qwen3-30B-A3B's config (benchmarks/configs/qwen3-30b-a3b.json) with dummy weights, no checkpoint.
 
-    python benchmarks/bench_moe.py layer   [--batch-sizes 1 8 64 256 4096] [--layers 8] [--sweep]
+    python benchmarks/bench_moe.py layer   [--batch-sizes 1 2 4 8 64 256 4096] [--layers 8] [--sweep] [--sweep-pairs]
     python benchmarks/bench_moe.py decode  [--num-layers N] [--batch-sizes 1 8 64 256] [--context 512] [--graphs 0 256]
     python benchmarks/bench_moe.py offline [--engine minisgl|upstream] [--num-layers N] [--num-seqs 128]
                                            [--min-len 100] [--max-len 512]
@@ -9,11 +9,13 @@
 
 layer: one MoE block (router + experts) of the config, `layers` copies with their own weights called one after
     another (as in the model: one layer's experts do not stay in L2 for the next), one decode step at each batch
-    size: GroupedMoe (PyTorch) eager, TritonMoe eager, TritonMoe replayed from a CUDA graph, the latter with both
-    ways of summing a token's k rows (in down's epilogue / a sum kernel; choose_blocks' pick marked *); the floor is the bytes
+    size: GroupedMoe (PyTorch) eager, TritonMoe eager, TritonMoe replayed from a CUDA graph, the latter with rows sorted into
+    blocks (both ways of summing a token's k rows: in down's epilogue / a sum kernel) and with one program per
+    (token, expert) pair (Blocks.pairs, small batches); choose_blocks' pick marked *; the floor is the bytes
     of the experts the step touches (E·(1-(1-k/E)^B) of them on average under uniform routing) over the measured
     copy bandwidth. Imports only minisgl.moe: it runs in chapter 4's tree (its GPU cell). --sweep times block
-    shapes for fused_moe per batch size (where choose_blocks' table comes from).
+    shapes for fused_moe per batch size (where choose_blocks' table comes from); --sweep-pairs the same for the
+    one-program-per-pair kernels (Blocks.pairs), whose column the table also shows up to --pairs-up-to.
 decode: the engine (fi attention, page 16) with dummy weights, one decode step per batch size, CUDA graphs off/on,
     against the floor: the weights one step reads (attention, norms, routers, LM head, embedding rows, and the
     distinct experts the batch touches) plus the live KV, over the copy bandwidth.
@@ -121,35 +123,41 @@ def run_layer(args: argparse.Namespace) -> None:
         except RuntimeError as e:
             print(f"batch {B}: GroupedMoe failed: {str(e)[:200]}")
             torch_ms = float("nan")
-        chosen = choose_blocks(B * K, E, dt)
+        chosen, blocked = choose_blocks(B * K, E, dt), choose_blocks(B * K, E, dt, pairs=False)
         t = {"torch eager": torch_ms,
              "triton eager": cuda_time(lambda: block_chain(backends["triton"], x), reps) / L}
-        for fuse in (True, False):  # 沿 k 的求和：在 down 的收尾里 / 另起一个 kernel；choose_blocks 选的那个就是默认
+        for fuse in (True, False):  # 沿 k 的求和：在 down 的收尾里 / 另起一个 kernel
             t[f"graph sum {'in down' if fuse else 'kernel'}"] = cuda_time(
-                graphed(lambda: block_chain(None, x, chosen._replace(fuse_sum=fuse))), reps) / L
-        t["triton graph"] = t[f"graph sum {'in down' if chosen.fuse_sum else 'kernel'}"]
+                graphed(lambda: block_chain(None, x, blocked._replace(fuse_sum=fuse))), reps) / L
+        t["graph pairs"] = (cuda_time(graphed(lambda: block_chain(None, x, choose_blocks(B * K, E, dt, pairs=True))),
+                                      reps) / L if B <= args.pairs_up_to else float("nan"))  # 一个对一个实例
+        pick = "pairs" if chosen.pairs else f"sum {'in down' if chosen.fuse_sum else 'kernel'}"
+        t["triton graph"] = t[f"graph {pick}"]
         rows.append(dict(batch=B, distinct_measured=distinct, distinct_expected=exp, floor_ms=floor_ms,
-                         tflops_triton_graph=flops / (t["triton graph"] / 1000) / 1e12, blocks=list(chosen),
+                         tflops_triton_graph=flops / (t["triton graph"] / 1000) / 1e12, blocks=list(chosen), pick=pick,
                          **{k.replace(" ", "_") + "_ms": v for k, v in t.items()}))
         torch.cuda.empty_cache()
     print(f"\nQwen3-30B-A3B MoE block (router + {E} experts, top-{K}, H {H}, I {I}, bf16) on "
           f"{torch.cuda.get_device_name()}; {L} layers with their own weights, time per layer")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; floor = distinct experts (expected, uniform routing) x "
           f"{expert_bytes / 2**20:.1f} MiB + router, over that bandwidth")
-    print(f"{'':>39} {'triton graph, sum':>29}")
+    print(f"{'':>39} {'triton graph: blocks, sum':>29}")
     print(f"{'batch':>6} {'distinct':>9} {'floor ms':>9} {'torch eager':>12} {'triton eager':>13} "
-          f"{'in down':>14} {'kernel':>14} {'graph/floor':>11} {'TFLOP/s':>8}")
+          f"{'in down':>14} {'kernel':>14} {'pairs':>14} {'graph/floor':>11} {'TFLOP/s':>8}")
     for r in rows:
-        fused = r["blocks"][-1]
+        keys = {p: "graph_" + p.replace(" ", "_") + "_ms" for p in ("sum in down", "sum kernel", "pairs")}
+        cols = "".join(f"{r[key]:>13.4f}{'*' if r['pick'] == p else ' '}" for p, key in keys.items())
         print(f"{r['batch']:>6} {r['distinct_measured']:>5.1f}/{r['distinct_expected']:<4.0f}{r['floor_ms']:>8.4f} "
-              f"{r['torch_eager_ms']:>12.4f} {r['triton_eager_ms']:>13.4f} "
-              f"{r['graph_sum_in_down_ms']:>13.4f}{'*' if fused else ' '}"
-              f"{r['graph_sum_kernel_ms']:>13.4f}{' ' if fused else '*'} "
+              f"{r['torch_eager_ms']:>12.4f} {r['triton_eager_ms']:>13.4f} {cols}"
               f"{r['triton_graph_ms'] / r['floor_ms']:>11.2f} {r['tflops_triton_graph']:>8.1f}")
-    print("(distinct: measured on these random inputs / expected under uniform routing; sum: a token's k rows added "
-          "in down's epilogue or by a sum kernel, * = choose_blocks' pick, used in graph/floor and TFLOP/s)")
+    print("(distinct: measured on these random inputs / expected under uniform routing; blocks: rows sorted by expert "
+          "into blocks, a token's k rows added in down's epilogue or by a sum kernel; pairs: one program per "
+          "(token, expert) pair, timed up to batch " f"{args.pairs_up_to}; * = choose_blocks' pick, used in graph/floor "
+          "and TFLOP/s)")
     if args.sweep:
         sweep(args, layers, block_chain, graphed, Blocks)
+    if args.sweep_pairs:
+        sweep_pairs(args, layers, block_chain, graphed, Blocks)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
@@ -177,6 +185,19 @@ def sweep(args, layers, block_chain, graphed, Blocks) -> None:
                     raise
         res.sort()
         print(f"batch {B}: " + "; ".join(f"{ms:.4f} {tuple(b)}" for ms, b in res[:5]))
+
+
+def sweep_pairs(args, layers, block_chain, graphed, Blocks) -> None:
+    """Block shapes for the one-program-per-pair kernels (Blocks.pairs) at the batch sizes up to --pairs-up-to."""
+    H = layers[0][1].shape[2]
+    candidates = [Blocks(1, bn1, bn2, bk, w, 1, pairs=True)
+                  for bn1, bn2 in ((1, 1), (2, 2), (2, 4), (4, 8)) for bk in (512, 1024, 2048) for w in (2, 4, 8)]
+    print(f"\nsweep (pairs): {len(candidates)} block shapes (ms per layer, graph replay)")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for B in [b for b in args.batch_sizes if b <= args.pairs_up_to]:
+        x = torch.randn(B, H, device="cuda", generator=g).to(torch.bfloat16)
+        res = sorted((cuda_time(graphed(lambda: block_chain(None, x, b)), 10) / len(layers), b) for b in candidates)
+        print(f"batch {B}: " + "; ".join(f"{ms:.4f} {tuple(b)[1:6]}" for ms, b in res[:6]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -362,9 +383,11 @@ def main() -> None:
                                  epilog=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("layer", help="one MoE block: torch vs triton, eager vs CUDA graph, against the floor")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256, 4096])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 64, 256, 4096])
     p.add_argument("--layers", type=int, default=8, help="copies of the layer with their own weights")
     p.add_argument("--sweep", action="store_true", help="also time block shapes for fused_moe")
+    p.add_argument("--sweep-pairs", action="store_true", help="also time block shapes for the pairs kernels")
+    p.add_argument("--pairs-up-to", type=int, default=16, help="time the pairs kernels up to this batch size")
     p = sub.add_parser("decode", help="the engine's decode step per batch size against the floor")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--context", type=int, default=512)

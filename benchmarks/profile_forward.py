@@ -105,7 +105,7 @@ def main() -> None:
 
 KINDS = [  # (kind, regex on the lower-cased kernel name): the first match wins
     ("qk_norm_rope_store", r"qk_norm_rope_store"),
-    ("moe", r"^(route|align|route_align|gate_up|down)$"),  # chapter 4's fused MoE kernels (Triton names)
+    ("moe", r"^(route|align|route_align|gate_up|down|pair_gate_up|pair_down)$"),  # chapter 4's fused MoE kernels (Triton names)
     # FlashInfer's decode/prefill (FA2 and sm90) and merge kernels, torch's SDPA kernels, kernel/decode.py's two
     ("attention", r"batchdecode|prefill|mergestate|attention|flash_fwd|fmha|^split_kv$|^merge$"),
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas"),

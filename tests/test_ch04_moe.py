@@ -151,6 +151,14 @@ def run_interpreted_cases() -> None:
         b = blocks or choose_blocks(T * K, E, x.dtype)
         for fuse in (True, False):  # 求和在 down 的收尾里，或另起一个 kernel：同样按 k 的顺序加，逐位相同
             assert torch.equal(fused_moe(x, gate_up, down, logits, K, renorm, b._replace(fuse_sum=fuse)), got)
+    for T, H, E, K, I, renorm, _ in INTERPRETED:  # 一个对一个实例：两种块形（BN 不整除 I、H 不整除 BK 都有）
+        x, gate_up, down, logits = random_layer(T, H, E, I, seed=T)
+        ref = reference_moe(x, gate_up, down, logits, K, renorm)
+        for b in (choose_blocks(1, 128, x.dtype), Blocks(1, 16, 4, 32, 4, 1, pairs=True)):
+            torch.testing.assert_close(fused_moe(x, gate_up, down, logits, K, renorm, b), ref, atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: f"T={T} {b}: {m}")
+    assert choose_blocks(8, 128, torch.bfloat16).pairs and not choose_blocks(8, 128, torch.bfloat16, False).pairs
+    assert not choose_blocks(8 * 64, 128, torch.bfloat16).pairs
     assert one_program_routing(1, 8, 3) and one_program_routing(8, 128, 8)  # Qwen3-30B-A3B：T ≤ 8
     assert not one_program_routing(9, 128, 8)
     for case in ROUTING:
@@ -234,6 +242,22 @@ def test_gpu_triton_moe_matches_reference(T: int) -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_pairs_match_blocks() -> None:
+    """一个对一个实例与分块的写法：bf16 上都贴着 float32 参照，彼此只差舍入；各自每次运行逐位相同。"""
+    dev = torch.device("cuda")
+    for T in (1, 2, 3, 4, 8, 16):
+        x, gate_up, down, logits = (t.bfloat16() for t in random_layer(T, **QWEN3_30B_LAYER, device=dev, seed=T))
+        ref = reference_moe(x, gate_up, down, logits, 8, True)
+        pairs = fused_moe(x, gate_up, down, logits, 8, True, choose_blocks(T * 8, 128, x.dtype, pairs=True))
+        blocks = fused_moe(x, gate_up, down, logits, 8, True, choose_blocks(T * 8, 128, x.dtype, pairs=False))
+        assert bf16_error(pairs, ref) < 0.02 and bf16_error(blocks, ref) < 0.02, f"T={T}"
+        assert bf16_error(pairs, blocks.float()) < 0.01, f"T={T}"
+        for _ in range(5):
+            again = fused_moe(x, gate_up, down, logits, 8, True, choose_blocks(T * 8, 128, x.dtype, pairs=True))
+            assert torch.equal(again, pairs), f"T={T}"
+
+
+@pytest.mark.gpu
 def test_gpu_routing_paths_agree() -> None:
     """编译到 GPU 上，两种路由的写法也给出同样的专家和布局；输出只差舍入（softmax 的求和顺序不同）。"""
     for case in ROUTING + [(T, 128, 8, True) for T in (2, 4, 8)]:
@@ -261,7 +285,7 @@ def test_gpu_triton_moe_replays_in_a_cuda_graph(dtype: torch.dtype) -> None:
     dev = torch.device("cuda")
     backend = create_moe_backend(resolve_moe_backend("auto", dev))
     assert type(backend).__name__ == "TritonMoe" and backend.supports_cuda_graph
-    for T in (1, 3, 64, 256):
+    for T in (1, 2, 3, 64, 256):  # 1–3：一个对一个实例（T ≤ 4）；64、256：分块
         x, gate_up, down, logits = random_layer(T, **QWEN3_30B_LAYER, device=dev, dtype=dtype, seed=T)
         backend.forward(x, gate_up, down, logits, 8, True)  # 先跑一遍：编译不能录进图里
         graph = torch.cuda.CUDAGraph()

@@ -15,7 +15,7 @@ from .grouped import BaseMoeBackend
 
 @functools.cache
 def _kernels() -> Dict[str, Any] | None:
-    """第一次用时才 import Triton、定义五个 kernel（下面的 _xxx_kernel）；没有 Triton（CPU 上的安装）时返回 None。"""
+    """第一次用时才 import Triton、定义七个 kernel（下面的 _xxx_kernel）；没有 Triton（CPU 上的安装）时返回 None。"""
     try:
         import triton
         import triton.language as tl
@@ -23,13 +23,15 @@ def _kernels() -> Dict[str, Any] | None:
         return None
     return {"route": _route_kernel(triton, tl), "align": _align_kernel(triton, tl),
             "route_align": _route_align_kernel(triton, tl),
-            "gate_up": _gate_up_kernel(triton, tl), "down": _down_kernel(triton, tl)}
+            "gate_up": _gate_up_kernel(triton, tl), "down": _down_kernel(triton, tl),
+            "pair_gate_up": _pair_gate_up_kernel(triton, tl), "pair_down": _pair_down_kernel(triton, tl)}
 
 
 def _route_kernel(triton: Any, tl: Any) -> Any:
     @triton.jit
     def route(logits, logit_stride, topk_w, topk_ids, rank, counts, E,
-              TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORM: tl.constexpr):
+              TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORM: tl.constexpr,
+              COUNT: tl.constexpr):
         t = tl.program_id(0)  # 一个实例 = 一个 token
         e = tl.arange(0, BLOCK_E)
         z = tl.load(logits + t * logit_stride + e, mask=e < E, other=float("-inf")).to(tl.float32)
@@ -48,8 +50,8 @@ def _route_kernel(triton: Any, tl: Any) -> Any:
         keep = j < TOP_K
         tl.store(topk_w + t * TOP_K + j, w, mask=keep)
         tl.store(topk_ids + t * TOP_K + j, ids, mask=keep)
-        # 给选中的专家各计一行；原子加返回加之前的值，就是这一对在它专家的段里排第几
-        tl.store(rank + t * TOP_K + j, tl.atomic_add(counts + ids, 1, mask=keep), mask=keep)
+        if COUNT:  # 给选中的专家各计一行；原子加返回加之前的值，就是这一对在它专家的段里排第几
+            tl.store(rank + t * TOP_K + j, tl.atomic_add(counts + ids, 1, mask=keep), mask=keep)
 
     return route
 
@@ -178,7 +180,7 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
     # 大批：route（每个 token 一个实例，原子加计数）、align（每个实例放 chunk 个对）
     rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
     k["route"][(T,)](router_logits, router_logits.stride(0), r.topk_w, r.topk_ids, rank, r.counts, E,
-                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=block_k, RENORM=renormalize)
+                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=block_k, RENORM=renormalize, COUNT=True)
     k["align"][(-(-P // chunk),)](r.counts, r.topk_ids, rank, r.starts, r.block_expert, r.sorted_pairs, E, P,
                                   num_blocks, BM=bm, BLOCK_E=block_e, CHUNK=chunk)
     return r
@@ -279,6 +281,72 @@ def _down_kernel(triton: Any, tl: Any) -> Any:
     return down
 
 
+def _pair_gate_up_kernel(triton: Any, tl: Any) -> Any:
+    @triton.jit
+    def pair_gate_up(x, x_stride, w, topk_ids, out, I, H,
+                     TOP_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+        p = tl.program_id(1)  # 一个实例 = 一个 (token, 专家) 对 × gate、up 各 BN 行
+        e = tl.load(topk_ids + p).to(tl.int64)
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
+        k = tl.arange(0, BK)
+        x_ptrs = x + (p // TOP_K).to(tl.int64) * x_stride + k  # [BK]：这一对的 token
+        g_ptrs = w + e * 2 * I * H + n[:, None] * H + k[None, :]  # [BN, BK]：gate 的 BN 行，按行读
+        u_ptrs = g_ptrs + I * H
+        acc_g = tl.zeros((BN, BK), dtype=tl.float32)  # 逐元素乘加，K 方向最后才求和
+        acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            if EVEN_K:
+                a = tl.load(x_ptrs).to(tl.float32)
+                g = tl.load(g_ptrs, mask=n[:, None] < I, other=0.0).to(tl.float32)
+                u = tl.load(u_ptrs, mask=n[:, None] < I, other=0.0).to(tl.float32)
+            else:
+                a = tl.load(x_ptrs, mask=k < H - k0, other=0.0).to(tl.float32)
+                g = tl.load(g_ptrs, mask=(n[:, None] < I) & (k[None, :] < H - k0), other=0.0).to(tl.float32)
+                u = tl.load(u_ptrs, mask=(n[:, None] < I) & (k[None, :] < H - k0), other=0.0).to(tl.float32)
+            acc_g += a[None, :] * g
+            acc_u += a[None, :] * u
+            x_ptrs += BK
+            g_ptrs += BK
+            u_ptrs += BK
+        gate = tl.sum(acc_g, axis=1)  # [BN]
+        h = gate / (1.0 + tl.exp(-gate)) * tl.sum(acc_u, axis=1)
+        tl.store(out + p.to(tl.int64) * I + n, h.to(out.dtype.element_ty), mask=n < I)
+
+    return pair_gate_up
+
+
+def _pair_down_kernel(triton: Any, tl: Any) -> Any:
+    @triton.jit
+    def pair_down(h, w, topk_ids, topk_w, out, H, I, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+        t = tl.program_id(1)  # 一个实例 = 一个 token 的 BN 列，它的 K 个专家一起算
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
+        j = tl.arange(0, BLOCK_K)  # 第几个专家（补成 2 的幂，多出来的不读）
+        keep = j < TOP_K
+        e = tl.load(topk_ids + t * TOP_K + j, mask=keep, other=0).to(tl.int64)  # [BLOCK_K]
+        k = tl.arange(0, BK)
+        a_ptrs = h + (t * TOP_K + j).to(tl.int64)[:, None, None] * I + k[None, None, :]  # [BLOCK_K, 1, BK]：h 的 K 行
+        w_ptrs = w + e[:, None, None] * H * I + n[None, :, None] * I + k[None, None, :]  # [BLOCK_K, BN, BK]
+        rows_ok = keep[:, None, None] & (n[None, :, None] < H)
+        acc = tl.zeros((BLOCK_K, BN, BK), dtype=tl.float32)
+        for k0 in range(0, I, BK):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=keep[:, None, None], other=0.0).to(tl.float32)
+                b = tl.load(w_ptrs, mask=rows_ok, other=0.0).to(tl.float32)
+            else:
+                a = tl.load(a_ptrs, mask=keep[:, None, None] & (k[None, None, :] < I - k0), other=0.0).to(tl.float32)
+                b = tl.load(w_ptrs, mask=rows_ok & (k[None, None, :] < I - k0), other=0.0).to(tl.float32)
+            acc += a * b
+            a_ptrs += BK
+            w_ptrs += BK
+        weight = tl.load(topk_w + t * TOP_K + j, mask=keep, other=0.0)  # [BLOCK_K] float32 的路由权重
+        # 每行先乘权重、舍入成模型的 dtype，和 down 写出的行一样；再沿 k 加起来
+        rows = (tl.sum(acc, axis=2) * weight[:, None]).to(out.dtype.element_ty).to(tl.float32)  # [BLOCK_K, BN]
+        tl.store(out + t.to(tl.int64) * H + n, tl.sum(rows, axis=0).to(out.dtype.element_ty), mask=n < H)
+
+    return pair_down
+
+
 class Blocks(NamedTuple):
     """分块：bm 是一块的行数（各专家的段补齐到它的倍数）；两个矩阵乘各自的列宽、K 方向的步长和 Triton 的启动参数。"""
 
@@ -289,11 +357,18 @@ class Blocks(NamedTuple):
     num_warps: int
     num_stages: int
     fuse_sum: bool = True  # 沿 k 的求和放进 down 的收尾（小批），还是另起一个求和的 kernel（大批）
+    pairs: bool = False  # 一个对一个实例（pair_gate_up、pair_down），不排序；bn_* 是一个实例算几行权重
 
 
-def choose_blocks(num_pairs: int, num_experts: int, dtype: torch.dtype) -> Blocks:
-    """看每个专家平均分到几行：decode 时一两行，读权重为主，块要矮；prefill 时成百上千行，是真正的矩阵乘。"""
+PAIR_ROWS = 0.25  # 每个专家平均至多这么多行时一个对一个实例（Qwen3-30B-A3B：T ≤ 4）
+
+
+def choose_blocks(num_pairs: int, num_experts: int, dtype: torch.dtype, pairs: bool | None = None) -> Blocks:
+    """看每个专家平均分到几行：decode 时一两行，读权重为主，块要矮；prefill 时成百上千行，是真正的矩阵乘。
+    pairs：None 时按 PAIR_ROWS 选；False 时只在分块的几档里选（测试和基准拿它与一个对一个实例比）。"""
     rows = num_pairs / num_experts
+    if pairs or (pairs is None and rows <= PAIR_ROWS):
+        return Blocks(1, 1, 1, 1024, 4, 1, pairs=True)
     if rows <= 16:
         blocks = Blocks(16, 32, 64, 128, 4, 4)
     elif rows <= 64:
@@ -320,6 +395,8 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router
     (T, H), (E, _, I) = x.shape, down.shape
     P, dev = T * top_k, x.device
     b = blocks or choose_blocks(P, E, x.dtype)
+    if b.pairs:
+        return fused_moe_pairs(x, gate_up, down, router_logits, top_k, renormalize, b)
     bn_down = min(b.bn_down, _pow2(H))
     slots = -(-H // bn_down) if b.fuse_sum else 0  # down 收尾用的计数器：每个 token 每个列块一个
     # 1–2. 路由与排序（连同清零计数器）：小批一个实例做完，大批 route + align
@@ -341,6 +418,31 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router
                                               BN=bn_down, BK=bk, EVEN_K=I % bk == 0, SUM=b.fuse_sum, **launch)
     # 5. 大批：每个 token 的 K 行由一个求和的 kernel 按 k 的顺序相加
     return out if b.fuse_sum else rows.view(T, top_k, H).sum(dim=1)  # [T, H]
+
+
+def fused_moe_pairs(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router_logits: torch.Tensor,
+                    top_k: int, renormalize: bool, b: Blocks) -> torch.Tensor:
+    """一个对一个实例（b.pairs）：route（不计数）、pair_gate_up、pair_down，三个 kernel，不排序、不补齐。"""
+    k = _kernels()
+    (T, H), (E, _, I) = x.shape, down.shape
+    dev = x.device
+    topk_w = torch.empty(T, top_k, dtype=torch.float32, device=dev)
+    topk_ids = torch.empty(T, top_k, dtype=torch.int32, device=dev)
+    k["route"][(T,)](router_logits, router_logits.stride(0), topk_w, topk_ids, topk_ids, topk_ids, E,
+                     TOP_K=top_k, BLOCK_E=_pow2(E, 1), BLOCK_K=_pow2(top_k, 1), RENORM=renormalize,
+                     COUNT=False)  # 不计数：rank、counts 两个参数用不上，占个位
+    launch = dict(num_warps=b.num_warps, num_stages=b.num_stages)
+    h = torch.empty(T * top_k, I, dtype=x.dtype, device=dev)  # [P, I]：第 p 行是第 p 个对
+    bn, bk = min(b.bn_gate_up, _pow2(I, 1)), min(b.bk, _pow2(H))
+    k["pair_gate_up"][(-(-I // bn), T * top_k)](x, x.stride(0), gate_up, topk_ids, h, I, H, TOP_K=top_k, BN=bn,
+                                                BK=bk, EVEN_K=H % bk == 0, **launch)
+    out = torch.empty(T, H, dtype=x.dtype, device=dev)  # [T, H]
+    # pair_down 一步读 [K, BN, BK] 个权重：BK 取 bk / K，一步读的和 pair_gate_up 的 [BN, bk] 一样多
+    block_k = _pow2(top_k, 1)
+    bn, bk = min(b.bn_down, _pow2(H, 1)), min(max(16, b.bk // block_k), _pow2(I))
+    k["pair_down"][(-(-H // bn), T)](h, down, topk_ids, topk_w, out, H, I, TOP_K=top_k, BLOCK_K=block_k, BN=bn,
+                                     BK=bk, EVEN_K=I % bk == 0, **launch)
+    return out
 
 
 def _pow2(n: int, lo: int = 16) -> int:
