@@ -437,7 +437,7 @@ def fused_moe_pairs(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     k["pair_gate_up"][(-(-I // bn), T * top_k)](x, x.stride(0), gate_up, topk_ids, h, I, H, TOP_K=top_k, BN=bn,
                                                 BK=bk, EVEN_K=H % bk == 0, **launch)
     out = torch.empty(T, H, dtype=x.dtype, device=dev)  # [T, H]
-    # pair_down 一步读 [K, BN, BK] 个权重：BK 取 bk / K，一步读的和 pair_gate_up 的 [BN, bk] 一样多
+    # pair_down 一步读 [K, BN, BK] 个权重：BK 取 bk / K，和 pair_gate_up 一步读的 gate 块 [BN, bk] 一样大
     block_k = _pow2(top_k, 1)
     bn, bk = min(b.bn_down, _pow2(H, 1)), min(max(16, b.bk // block_k), _pow2(I))
     k["pair_down"][(-(-H // bn), T)](h, down, topk_ids, topk_w, out, H, I, TOP_K=top_k, BLOCK_K=block_k, BN=bn,
