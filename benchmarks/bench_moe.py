@@ -144,8 +144,8 @@ def run_layer(args: argparse.Namespace) -> None:
     print(f"{'':>39} {'triton graph: blocks, sum':>29}")
     print(f"{'batch':>6} {'distinct':>9} {'floor ms':>9} {'torch eager':>12} {'triton eager':>13} "
           f"{'in down':>14} {'kernel':>14} {'pairs':>14} {'graph/floor':>11} {'TFLOP/s':>8}")
+    keys = {p: "graph_" + p.replace(" ", "_") + "_ms" for p in ("sum in down", "sum kernel", "pairs")}
     for r in rows:
-        keys = {p: "graph_" + p.replace(" ", "_") + "_ms" for p in ("sum in down", "sum kernel", "pairs")}
         cols = "".join(f"{r[key]:>13.4f}{'*' if r['pick'] == p else ' '}" for p, key in keys.items())
         print(f"{r['batch']:>6} {r['distinct_measured']:>5.1f}/{r['distinct_expected']:<4.0f}{r['floor_ms']:>8.4f} "
               f"{r['torch_eager_ms']:>12.4f} {r['triton_eager_ms']:>13.4f} {cols}"

@@ -154,7 +154,7 @@ def run_interpreted_cases() -> None:
     for T, H, E, K, I, renorm, _ in INTERPRETED:  # 一个对一个实例：两种块形（BN 不整除 I、H 不整除 BK 都有）
         x, gate_up, down, logits = random_layer(T, H, E, I, seed=T)
         ref = reference_moe(x, gate_up, down, logits, K, renorm)
-        for b in (choose_blocks(1, 128, x.dtype), Blocks(1, 16, 4, 32, 4, 1, pairs=True)):
+        for b in (choose_blocks(T * K, E, x.dtype, pairs=True), Blocks(1, 16, 4, 32, 4, 1, pairs=True)):
             torch.testing.assert_close(fused_moe(x, gate_up, down, logits, K, renorm, b), ref, atol=1e-5, rtol=1e-5,
                                        msg=lambda m: f"T={T} {b}: {m}")
     assert choose_blocks(8, 128, torch.bfloat16).pairs and not choose_blocks(8, 128, torch.bfloat16, False).pairs

@@ -428,8 +428,9 @@ def fused_moe_pairs(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     dev = x.device
     topk_w = torch.empty(T, top_k, dtype=torch.float32, device=dev)
     topk_ids = torch.empty(T, top_k, dtype=torch.int32, device=dev)
+    block_k = _pow2(top_k, 1)
     k["route"][(T,)](router_logits, router_logits.stride(0), topk_w, topk_ids, topk_ids, topk_ids, E,
-                     TOP_K=top_k, BLOCK_E=_pow2(E, 1), BLOCK_K=_pow2(top_k, 1), RENORM=renormalize,
+                     TOP_K=top_k, BLOCK_E=_pow2(E, 1), BLOCK_K=block_k, RENORM=renormalize,
                      COUNT=False)  # 不计数：rank、counts 两个参数用不上，占个位
     launch = dict(num_warps=b.num_warps, num_stages=b.num_stages)
     h = torch.empty(T * top_k, I, dtype=x.dtype, device=dev)  # [P, I]：第 p 行是第 p 个对
@@ -438,7 +439,6 @@ def fused_moe_pairs(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
                                                 BK=bk, EVEN_K=H % bk == 0, **launch)
     out = torch.empty(T, H, dtype=x.dtype, device=dev)  # [T, H]
     # pair_down 一步读 [K, BN, BK] 个权重：BK 取 bk / K，和 pair_gate_up 一步读的 gate 块 [BN, bk] 一样大
-    block_k = _pow2(top_k, 1)
     bn, bk = min(b.bn_down, _pow2(H, 1)), min(max(16, b.bk // block_k), _pow2(I))
     k["pair_down"][(-(-H // bn), T)](h, down, topk_ids, topk_w, out, H, I, TOP_K=top_k, BLOCK_K=block_k, BN=bn,
                                      BK=bk, EVEN_K=I % bk == 0, **launch)
