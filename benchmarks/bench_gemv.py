@@ -7,8 +7,9 @@
 At batch 1 cuBLAS reads the weights of Qwen3-8B's qkv / o_proj / down at 2.6-3.3 TB/s (benchmarks/profile_forward.py
 --decode 1), 0.63 ms per step over the copy-bandwidth floor. This sweeps two Triton kernels over block shapes:
 "fma" (each program multiplies BLOCK_N weight rows by the M inputs with a broadcast multiply-sum, fp32
-accumulation) and "dot" (minisgl's kernel, minisgl/kernel/matmul.py: the inputs padded to 16 rows, tl.dot on tensor
-cores), each with the block shape given. Each case is timed with
+accumulation; at M = 1 this is minisgl's gemv_rows) and "dot" (minisgl's gemv, minisgl/kernel/matmul.py: the inputs
+padded to 16 rows, tl.dot on tensor cores), each with the block shape given. minisgl uses gemv_rows at batch 1 for
+N <= 2048 (the block rule from the batch-1 sweep on an H100) and the dot kernel otherwise. Each case is timed with
 triton.testing.do_bench_cudagraph (replays of a captured graph, as in a decode step); the table gives, per shape,
 cuBLAS, the best Triton config and minisgl's kernel with the block rule it ships (drawn from this sweep) in us and
 TB/s of weight read, and what each would save per decode step.
@@ -24,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernel.matmul import _blocks, _kernel, gemv, gemv_supported
+from minisgl.kernel.matmul import _choose, _kernel, gemv, gemv_supported
 
 
 @triton.jit
@@ -44,6 +45,12 @@ def gemv_fma(x, w, y, M, N, K, stride_x, stride_y,
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     tl.store(y + rm[:, None] * stride_y + rn[None, :], acc.to(y.dtype.element_ty), mask=rm[:, None] < M)
+
+
+def _rule(m: int, N: int, K: int) -> str:
+    """minisgl's choice for this shape: gemv_rows (batch 1, narrow) or the tl.dot gemv, with (BLOCK_N, BLOCK_K, stages)."""
+    rows, blocks = _choose(m, N, K)
+    return f"{'rows' if rows else 'dot'} {blocks}" if blocks else "cuBLAS"
 
 
 def run(cfg: dict, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
@@ -116,7 +123,7 @@ def main() -> None:
     todo, layers = shapes(args.config)
     print(f"\n{args.config.stem}: y = x @ W^T, bf16, us per call (graph replays); TB/s = weight bytes / time")
     print(f"{'shape':<13} {'N':>7} {'K':>6} {'M':>3} {'cuBLAS':>8} {'TB/s':>5} {'Triton':>8} {'TB/s':>5} "
-          f"{'minisgl':>8} {'TB/s':>5}  best config / minisgl's (BLOCK_N, BLOCK_K, stages)")
+          f"{'minisgl':>8} {'TB/s':>5}  best config / minisgl's kernel (BLOCK_N, BLOCK_K, stages)")
     saved = {m: 0.0 for m in args.m}
     saved_ours = {m: 0.0 for m in args.m}
     results = []
@@ -148,13 +155,13 @@ def main() -> None:
             ours = do_bench_cudagraph(lambda: gemv(x, w), rep=50) * 1000
         cfg_s = {k: v for k, v in (cfg or {}).items() if k != "kind"}
         print(f"{name:<13} {N:>7} {K:>6} {m:>3} {cublas:>8.2f} {nbytes / cublas / 1e6:>5.2f} {us:>8.2f} "
-              f"{nbytes / us / 1e6:>5.2f} {ours:>8.2f} {nbytes / ours / 1e6:>5.2f}  {cfg_s} / {_blocks(N, K)}")
+              f"{nbytes / us / 1e6:>5.2f} {ours:>8.2f} {nbytes / ours / 1e6:>5.2f}  {cfg_s} / {_rule(m, N, K)}")
         per_step = 1 if name == "lm_head" else layers
         saved[m] += max(0.0, cublas - us) * per_step
         if name != "lm_head" and ours == ours:  # minisgl keeps cuBLAS for the LM head and unsupported shapes
             saved_ours[m] += (cublas - ours) * per_step
         results.append(dict(shape=name, N=N, K=K, m=m, cublas_us=cublas, triton_us=us, config=cfg, minisgl_us=ours,
-                            minisgl_blocks=_blocks(N, K), every=every))
+                            minisgl_blocks=_rule(m, N, K), every=every))
         torch.cuda.empty_cache()
     for m, s in saved.items():
         swept = f"the best Triton config where it beats cuBLAS would save {s:.0f} us per decode step; " if args.kinds else ""

@@ -324,6 +324,26 @@ def run_race_cases() -> None:
     assert race(one, ks[:1], 1.0, V, 0.5, 0.0).item() == 7
 
 
+def run_gemv_cases() -> None:
+    """在 TRITON_INTERPRET=1 的子进程里运行：两个 GEMV kernel 在 CPU 上逐行执行，与 float32 的参照比。"""
+    from minisgl.kernel import gemv, gemv_supported
+    from minisgl.kernel.matmul import _choose
+
+    g = torch.Generator().manual_seed(0)
+    for M, N, K, rows in ((1, 64, 512, True), (1, 12, 768, True), (1, 4096, 256, False), (3, 32, 256, False)):
+        assert _choose(M, N, K)[0] == rows
+        x, w, b = (torch.randn(*s, generator=g).half() for s in ((M, K), (N, K), (N,)))
+        ref = x.float() @ w.float().T
+        torch.testing.assert_close(gemv(x, w).float(), ref, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(gemv(x, w, b).float(), ref + b.float(), rtol=1e-2, atol=1e-2)
+        assert not gemv_supported(x, w)  # CPU 的张量：linear 不会走到这里
+
+
+def test_gemv_interpreted() -> None:
+    """批大小 1 的 gemv_rows（两种 BLOCK_K）和 tl.dot 的 gemv，在 CPU 上用 Triton 的解释器执行，与参照一致。"""
+    run_interpreted("test_ch08_engine", "run_gemv_cases")
+
+
 def test_race_sample_interpreted() -> None:
     """GPU 上带 seed 的采样 kernel，在 CPU 上用 Triton 的解释器逐行执行（第 4 章 conftest 的 run_interpreted）：
     采到的词都在集合里、频率与按定义算的分布相符（四种组合，400 次）；top-k 加 top-p；与批无关；一行切成几块、分块赛
@@ -813,27 +833,31 @@ def test_gpu_qk_norm_rope_store_matches_reference(norm: bool) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gemv_matches_reference(dtype: torch.dtype) -> None:
-    """Triton 的小批量矩阵乘与 float32 的参照一致（有无偏置）；每一行与批里的其他行无关（逐 bit 相同）；
-    超过 16 行、整除不了的形状由 linear 交给 F.linear。"""
+    """Triton 的小批量矩阵乘与 float32 的参照一致（有无偏置；批大小 1 时窄的形状走 gemv_rows）；2–16 行时每一行
+    与批里的其他行无关（逐 bit 相同）；超过 16 行、整除不了的形状由 linear 交给 F.linear。"""
     pytest.importorskip("triton")
     pytest.importorskip("flashinfer")  # linear 的分岔从 fused_kernels 开始
     from minisgl.kernel import gemv, gemv_supported
+    from minisgl.kernel.matmul import _choose
     from minisgl.layers.base import linear
 
     torch.manual_seed(0)
     dev = "cuda"
-    for N, K in [(6144, 4096), (4096, 12288), (1024, 2048), (4096, 1024), (256, 640)]:
+    shapes = [(6144, 4096), (4096, 12288), (1024, 2048), (4096, 1024), (256, 640), (128, 2048), (2048, 3072)]
+    assert [_choose(1, N, K)[0] for N, K in shapes] == [False, False, True, False, False, True, True]
+    for N, K in shapes:
         w = torch.randn(N, K, device=dev, dtype=dtype) / K ** 0.5
         b = torch.randn(N, device=dev, dtype=dtype)
         x = torch.randn(16, K, device=dev, dtype=dtype)
-        for M in (1, 3, 16):
+        for M in (1, 2, 3, 16):
             assert gemv_supported(x[:M], w)
             ref = x[:M].float() @ w.float().T
             _close_bf16(gemv(x[:M], w), ref)
             _close_bf16(gemv(x[:M], w, b), ref + b.float())
             assert torch.equal(linear(x[:M], w), gemv(x[:M], w))
         full = gemv(x, w)
-        assert all(torch.equal(gemv(x[i:i + 1], w), full[i:i + 1]) for i in range(16))  # 与批无关
+        assert all(torch.equal(gemv(x[i:i + 2], w), full[i:i + 2]) for i in range(15))  # 2–16 行：与批无关
+        assert all(torch.equal(gemv(x[i:i + 1], w), gemv(x[i:i + 1], w)) for i in range(4))  # 批大小 1：确定
     x, w = torch.randn(17, 1024, device=dev, dtype=dtype), torch.randn(512, 1024, device=dev, dtype=dtype)
     assert not gemv_supported(x, w) and gemv_supported(x[:16], w)
     assert torch.equal(linear(x, w), torch.nn.functional.linear(x, w))  # 17 行：cuBLAS
@@ -847,7 +871,7 @@ def test_gpu_gemv_falls_back_when_the_blocks_do_not_fit(monkeypatch) -> None:
     pytest.importorskip("triton")
     from minisgl.kernel import matmul as gemv_module
 
-    monkeypatch.setattr(gemv_module, "_blocks", lambda N, K: (64, 4096, 8))  # 8 × 4096 × 80 × 2 字节 ≈ 5 MB
+    monkeypatch.setattr(gemv_module, "_choose", lambda M, N, K: (False, (64, 4096, 8)))  # 8 × 4096 × 80 × 2 字节 ≈ 5 MB
     monkeypatch.setattr(gemv_module, "_does_not_fit", set())
     x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
