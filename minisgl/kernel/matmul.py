@@ -57,7 +57,6 @@ def _row_kernel(triton: Any, tl: Any) -> Any:
     return gemv_rows
 
 
-@functools.cache
 def _row_blocks(N: int, K: int) -> Tuple[int, int, int] | None:
     """批大小 1 时 gemv_rows 的 (BLOCK_N, BLOCK_K, num_stages)：bench_gemv.py 在 H100 上的扫描；N 太大或整除不了时 None。"""
     if N > ROW_MAX_N:
@@ -69,7 +68,6 @@ def _row_blocks(N: int, K: int) -> Tuple[int, int, int] | None:
     return None if N % block_n or K % block_k else (block_n, block_k, 1)
 
 
-@functools.cache  # 每个线性层每一步都要问一次：按形状记住
 def _blocks(N: int, K: int) -> Tuple[int, int, int] | None:
     """(BLOCK_N, BLOCK_K, num_stages)：benchmarks/bench_gemv.py 在 H200 上扫描各种分块得出的规则；整除不了时 None。"""
     block_n = 16 if N <= 2048 else 32 if N <= 4096 else 64  # 程序实例 64–384 个（H200 有 132 个 SM）
@@ -82,6 +80,7 @@ def _blocks(N: int, K: int) -> Tuple[int, int, int] | None:
     return None if N % block_n or K % block_k else (block_n, block_k, 3)
 
 
+@functools.cache  # 每个线性层每一步要问两次（gemv_supported、gemv）：按形状和行数记住
 def _choose(M: int, N: int, K: int) -> Tuple[bool, Tuple[int, int, int] | None]:
     """(是否用 gemv_rows, 它的分块)：批大小 1 且 _row_blocks 给得出分块时按行读，否则 tl.dot 的 gemv。"""
     rows = _row_blocks(N, K) if M == 1 else None
