@@ -2,7 +2,7 @@
 """MoE on a GPU: Qwen3-30B-A3B's config (benchmarks/configs/qwen3-30b-a3b.json) with dummy weights, no checkpoint.
 
     python benchmarks/bench_moe.py layer   [--batch-sizes 1 2 4 8 64 256 4096] [--layers 8] [--sweep] [--sweep-pairs]
-    python benchmarks/bench_moe.py decode  [--num-layers N] [--batch-sizes 1 8 64 256] [--context 512] [--graphs 0 256]
+    python benchmarks/bench_moe.py decode  [--num-layers N] [--batch-sizes 1 2 4 8 64 256] [--context 512] [--graphs 0 256]
     python benchmarks/bench_moe.py offline [--engine minisgl|upstream] [--num-layers N] [--num-seqs 128]
                                            [--min-len 100] [--max-len 512]
     python benchmarks/bench_moe.py summarize OUT/moe_offline_*.json
@@ -389,7 +389,7 @@ def main() -> None:
     p.add_argument("--sweep-pairs", action="store_true", help="also time block shapes for the pairs kernels")
     p.add_argument("--pairs-up-to", type=int, default=16, help="time the pairs kernels up to this batch size")
     p = sub.add_parser("decode", help="the engine's decode step per batch size against the floor")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 64, 256])
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--graphs", type=int, nargs="+", default=[0, 256], help="cuda_graph_max_bs values")
     p.add_argument("--num-layers", type=int, default=None, help="cut the config to this many layers")

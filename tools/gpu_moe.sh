@@ -6,7 +6,8 @@
 # MoE imports two sgl_kernel ops, which benchmarks/sgl_kernel_shim stands in for in plain torch) and
 # SmolLM2-135M-Instruct's folder where MINISGL_CACHE_DIR points
 # (default ~/.cache/minisgl/SmolLM2-135M-Instruct) for the production-path test.
-# Knobs: MOE_PHASES picks from "tests production layer decode profile offline" (default all), MOE_SKIP leaves
+# Knobs: MOE_PHASES picks from "tests production layer cell decode profile offline" (default all but cell, which
+# re-runs chapter 4's GPU cell in the notebook instead of the layer phase's plain run), MOE_SKIP leaves
 # some of them out (gpu_check.sh: its tests phase already ran them); MOE_LAYERS cuts the
 # Qwen3-30B-A3B config to that many layers for decode and offline (default: all 48); MOE_ROUNDS (default 2)
 # turns of minisgl and upstream on the offline workload; MOE_SWEEP=1 adds bench_moe.py layer --sweep (block
@@ -14,7 +15,7 @@
 # Phases: the MoE GPU tests (chapter 4's inside .build/trees/ch04, chapter 8's MoE ones); the production path
 # (chapter 11's test_production_path: SmolLM2 bf16, fi, graphs, overlap, chunked prefill, against transformers);
 # one MoE block per batch size against its floor (chapter 4's GPU cell runs the same); the engine's decode step
-# with dummy weights at batch 1, 8, 64, 256 against its floor; where the batch-1 step's time goes, kernel by kind (8
+# with dummy weights at batch 1, 2, 4, 8, 64, 256 against its floor; where the batch-1 step's time goes, kernel by kind (8
 # layers, the 性能 page's profile); the offline workload, minisgl and upstream.
 set -uo pipefail
 GPU_TAG=gpu_moe
@@ -37,6 +38,10 @@ fi
 if phase layer; then
   sweep=(); [ "${MOE_SWEEP:-0}" = 1 ] && sweep=(--sweep)
   run bench_moe_layer python3 benchmarks/bench_moe.py layer "${sweep[@]}" --json "$OUT/moe_layer.json"
+fi
+if phase cell; then  # chapter 4's GPU cell (the same bench_moe.py layer, stored in the notebook); not in the defaults
+  run cell_ch04 python3 tools/steps.py execute ch04 --gpu-only
+  mkdir -p "$OUT/notebooks" && cp book/chapters/ch04_moe.ipynb "$OUT/notebooks/"  # back here: tools/nb_take_outputs.py
 fi
 if phase decode; then
   run bench_moe_decode python3 benchmarks/bench_moe.py decode "${layers[@]}" --json "$OUT/moe_decode.json"
