@@ -34,10 +34,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   run gpu_tests python3 tools/steps.py test --gpu --show-output -- -rs
 fi
 if [ "${SKIP_CELLS:-0}" != 1 ]; then
-  run gpu_cells python3 tools/steps.py execute --gpu-only
-  for nb in $(grep -l '"gpu"' book/chapters/*.ipynb); do cp "$nb" "$OUT/notebooks/"; done
-  mkdir -p "$OUT/data" && cp book/data/*.json "$OUT/data/"  # ch11's GPU cell rewrites its timeline data
-  # back here: python tools/nb_take_outputs.py $OUT/notebooks/chNN_*.ipynb; cp $OUT/data/*.json book/data/
+  run_cells
 fi
 # The gpu cells already run the chapters' benchmarks (ch06: attention fi vs torch; ch07: prefill with a cached
 # prefix; ch08: decode step of Qwen3-0.6B, graphs and fused kernels on/off; ch09: offline vs transformers; ch10:

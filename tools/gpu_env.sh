@@ -34,3 +34,15 @@ run() {  # run NAME CMD...: tee the output to $OUT/NAME.txt, remember a failure
   [ -n "${GPU_PACK:-}" ] && tar czf "$GPU_PACK" -C "$OUT" . 2>/dev/null  # skipped.txt too: the last pack has it
   return 0
 }
+run_cells() {  # run_cells [chNN ...]: those chapters' cells tagged gpu (default: every chapter's), outputs stored in the
+  # notebooks; the notebooks go to $OUT/notebooks/ and book/data's JSON (ch11's cell rewrites its timeline) to $OUT/data/
+  # back here: python tools/nb_take_outputs.py $OUT/notebooks/chNN_*.ipynb; cp $OUT/data/*.json book/data/
+  local name=gpu_cells nb; [ $# -gt 0 ] && name="gpu_cells_$(IFS=_; echo "$*")"
+  run "$name" python3 tools/steps.py execute "$@" --gpu-only
+  mkdir -p "$OUT/notebooks" "$OUT/data"
+  for nb in $(grep -l '"gpu"' book/chapters/*.ipynb); do
+    [ $# -eq 0 ] || case " $* " in *" $(basename "$nb" | cut -c1-4) "*) ;; *) continue;; esac
+    cp "$nb" "$OUT/notebooks/"
+  done
+  cp book/data/*.json "$OUT/data/"
+}

@@ -40,8 +40,7 @@ if phase layer; then
   run bench_moe_layer python3 benchmarks/bench_moe.py layer "${sweep[@]}" --json "$OUT/moe_layer.json"
 fi
 if phase cell; then  # chapter 4's GPU cell (the same bench_moe.py layer, stored in the notebook); not in the defaults
-  run cell_ch04 python3 tools/steps.py execute ch04 --gpu-only
-  mkdir -p "$OUT/notebooks" && cp book/chapters/ch04_moe.ipynb "$OUT/notebooks/"  # back here: tools/nb_take_outputs.py
+  run_cells ch04
 fi
 if phase decode; then
   run bench_moe_decode python3 benchmarks/bench_moe.py decode "${layers[@]}" --json "$OUT/moe_decode.json"
