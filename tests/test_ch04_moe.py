@@ -105,7 +105,7 @@ INTERPRETED = [  # (T, H, E, K, I, renormalize, 分块)：None 是 choose_blocks
 ]
 ROUTING = [  # (T, E, K, renormalize)：decode 的形状，E、K 有的不是 2 的幂；两种路由的写法各跑一遍
     (1, 128, 8, True), (1, 6, 3, False), (2, 8, 1, True), (3, 12, 5, True), (5, 20, 6, False),
-    (16, 128, 8, False),
+    (16, 128, 8, False), (2, 160, 8, True),  # E = 160：BLOCK_E = 256 > RANK_MAX_E，route 走 K 轮那一支
 ]
 
 

@@ -31,20 +31,27 @@ def _route_kernel(triton: Any, tl: Any) -> Any:
     @triton.jit
     def route(logits, logit_stride, topk_w, topk_ids, rank, counts, E,
               TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORM: tl.constexpr,
-              COUNT: tl.constexpr):
+              COUNT: tl.constexpr, RANKS: tl.constexpr):
         t = tl.program_id(0)  # 一个实例 = 一个 token
         e = tl.arange(0, BLOCK_E)
         z = tl.load(logits + t * logit_stride + e, mask=e < E, other=float("-inf")).to(tl.float32)
         p = tl.exp(z - tl.max(z, axis=0))
         p = p / tl.sum(p, axis=0)  # [BLOCK_E] float32 的 softmax；补出来的位置是 0
         j = tl.arange(0, BLOCK_K)
-        w = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
-        for k in tl.static_range(TOP_K):  # K 轮"取最大、划掉"，编译时展开
-            best = tl.argmax(p, axis=0)
-            w = tl.where(j == k, tl.max(p, axis=0), w)
-            ids = tl.where(j == k, best, ids)
-            p = tl.where(e == best, -1.0, p)
+        if RANKS:  # 数名次：概率比 e 大、或一样大而编号更小的专家有几个（[BLOCK_E, BLOCK_E] 的比较矩阵）
+            ahead = (p[None, :] > p[:, None]) | ((p[None, :] == p[:, None]) & (e[None, :] < e[:, None]))
+            place = tl.sum(ahead.to(tl.int32), axis=1)  # [BLOCK_E]：专家 e 排第几，0 是最大的
+            pick = (place[:, None] == j[None, :]) & (j[None, :] < TOP_K)  # [BLOCK_E, BLOCK_K]：e 是不是第 j 名
+            ids = tl.sum(tl.where(pick, e[:, None], 0), axis=0)  # [BLOCK_K]：前 K 列每列恰好一个 True，补的列全 0
+            w = tl.sum(tl.where(pick, p[:, None], 0.0), axis=0)
+        else:  # 专家太多、比较矩阵放不下：K 轮"取最大、划掉"，编译时展开
+            w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+            for k in tl.static_range(TOP_K):
+                best = tl.argmax(p, axis=0)
+                w = tl.where(j == k, tl.max(p, axis=0), w)
+                ids = tl.where(j == k, best, ids)
+                p = tl.where(e == best, -1.0, p)
         if RENORM:
             w = w / tl.sum(w, axis=0)
         keep = j < TOP_K
@@ -95,7 +102,7 @@ def _route_align_kernel(triton: Any, tl: Any) -> Any:
         p = p / tl.sum(p, axis=1)[:, None]  # [BLOCK_T, BLOCK_E]：每行一个 token 的 softmax，与 route 同一个公式
         w = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
         ids = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
-        for k in tl.static_range(TOP_K):  # 和 route 一样 K 轮"取最大、划掉"，每轮所有 token 一起
+        for k in tl.static_range(TOP_K):  # K 轮"取最大、划掉"（route 的 else 那一支），每轮所有 token 一起
             best = tl.argmax(p, axis=1)  # [BLOCK_T]
             w = tl.where(j[None, :] == k, tl.max(p, axis=1)[:, None], w)
             ids = tl.where(j[None, :] == k, best[:, None], ids)
@@ -144,6 +151,7 @@ class Routing(NamedTuple):
 
 
 ONE_PROGRAM_TILE = 8192  # route_align 的两个比较矩阵 [Q, Q]、[Q, E] 最多这么多个元素
+RANK_MAX_E = 128  # route 用 [BLOCK_E, BLOCK_E] 的比较矩阵数名次的上限；专家更多时 K 轮取最大
 
 
 def one_program_routing(num_tokens: int, num_experts: int, top_k: int) -> bool:
@@ -180,7 +188,8 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
     # 大批：route（每个 token 一个实例，原子加计数）、align（每个实例放 chunk 个对）
     rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
     k["route"][(T,)](router_logits, router_logits.stride(0), r.topk_w, r.topk_ids, rank, r.counts, E,
-                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=block_k, RENORM=renormalize, COUNT=True)
+                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=block_k, RENORM=renormalize, COUNT=True,
+                     RANKS=block_e <= RANK_MAX_E)
     k["align"][(-(-P // chunk),)](r.counts, r.topk_ids, rank, r.starts, r.block_expert, r.sorted_pairs, E, P,
                                   num_blocks, BM=bm, BLOCK_E=block_e, CHUNK=chunk)
     return r
@@ -431,7 +440,7 @@ def fused_moe_pairs(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     block_k = _pow2(top_k, 1)
     k["route"][(T,)](router_logits, router_logits.stride(0), topk_w, topk_ids, topk_ids, topk_ids, E,
                      TOP_K=top_k, BLOCK_E=_pow2(E, 1), BLOCK_K=block_k, RENORM=renormalize,
-                     COUNT=False)  # 不计数：rank、counts 两个参数用不上，占个位
+                     COUNT=False, RANKS=_pow2(E, 1) <= RANK_MAX_E)  # 不计数：rank、counts 两个参数用不上，占个位
     launch = dict(num_warps=b.num_warps, num_stages=b.num_stages)
     h = torch.empty(T * top_k, I, dtype=x.dtype, device=dev)  # [P, I]：第 p 行是第 p 个对
     bn, bk = min(b.bn_gate_up, _pow2(I, 1)), min(b.bk, _pow2(H))
