@@ -160,6 +160,18 @@ def one_program_routing(num_tokens: int, num_experts: int, top_k: int) -> bool:
     return q * max(q, _pow2(num_experts, 1)) <= ONE_PROGRAM_TILE
 
 
+def launch_route(router_logits: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor, top_k: int,
+                 renormalize: bool, rank: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> None:
+    """route，每个 token 一个实例：写 topk_w、topk_ids [T, K]；给了 rank、counts 时再原子加计数（排序要用）。
+    块大小和 top-k 的两种写法都只由 E、K 定，在这一处选。"""
+    T, E = router_logits.shape
+    block_e, count = _pow2(E, 1), rank is not None
+    _kernels()["route"][(T,)](router_logits, router_logits.stride(0), topk_w, topk_ids,
+                              rank if count else topk_ids, counts if count else topk_ids, E,  # 不计数时占个位，不碰
+                              TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=_pow2(top_k, 1), RENORM=renormalize,
+                              COUNT=count, RANKS=block_e <= RANK_MAX_E)
+
+
 def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, bm: int,
                     one_program: bool | None = None, slots: int = 0) -> Routing:
     """router_logits [T, E] → Routing：各段补齐到 bm 行。one_program：None 时按 one_program_routing 选；
@@ -187,9 +199,7 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
         return r
     # 大批：route（每个 token 一个实例，原子加计数）、align（每个实例放 chunk 个对）
     rank = torch.empty(T, top_k, dtype=torch.int32, device=dev)  # [T, K]：在自己专家的段里排第几
-    k["route"][(T,)](router_logits, router_logits.stride(0), r.topk_w, r.topk_ids, rank, r.counts, E,
-                     TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=block_k, RENORM=renormalize, COUNT=True,
-                     RANKS=block_e <= RANK_MAX_E)
+    launch_route(router_logits, r.topk_w, r.topk_ids, top_k, renormalize, rank, r.counts)
     k["align"][(-(-P // chunk),)](r.counts, r.topk_ids, rank, r.starts, r.block_expert, r.sorted_pairs, E, P,
                                   num_blocks, BM=bm, BLOCK_E=block_e, CHUNK=chunk)
     return r
@@ -433,14 +443,12 @@ def fused_moe_pairs(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
                     top_k: int, renormalize: bool, b: Blocks) -> torch.Tensor:
     """一个对一个实例（b.pairs）：route（不计数）、pair_gate_up、pair_down，三个 kernel，不排序、不补齐。"""
     k = _kernels()
-    (T, H), (E, _, I) = x.shape, down.shape
+    (T, H), (_, _, I) = x.shape, down.shape
     dev = x.device
     topk_w = torch.empty(T, top_k, dtype=torch.float32, device=dev)
     topk_ids = torch.empty(T, top_k, dtype=torch.int32, device=dev)
     block_k = _pow2(top_k, 1)
-    k["route"][(T,)](router_logits, router_logits.stride(0), topk_w, topk_ids, topk_ids, topk_ids, E,
-                     TOP_K=top_k, BLOCK_E=_pow2(E, 1), BLOCK_K=block_k, RENORM=renormalize,
-                     COUNT=False, RANKS=_pow2(E, 1) <= RANK_MAX_E)  # 不计数：rank、counts 两个参数用不上，占个位
+    launch_route(router_logits, topk_w, topk_ids, top_k, renormalize)  # 不计数：不排序，用不上名次和计数
     launch = dict(num_warps=b.num_warps, num_stages=b.num_stages)
     h = torch.empty(T * top_k, I, dtype=x.dtype, device=dev)  # [P, I]：第 p 行是第 p 个对
     bn, bk = min(b.bn_gate_up, _pow2(I, 1)), min(b.bk, _pow2(H))
